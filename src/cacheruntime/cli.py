@@ -1,0 +1,46 @@
+"""The `cacheruntime` command line: one subcommand per job, each owned by its module.
+
+Every subcommand module exposes `add_arguments(parser)` and `main(args) -> int`; the
+module is imported only when its subcommand runs, so `cacheruntime tlc` needs no torch
+and `cacheruntime z3` needs no Java.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand -> (module, one-line help)
+SUBCOMMANDS = {
+    "run": ("cacheruntime.job", "serve a workload end to end on LocalGPURuntime (the main job)"),
+    "conformance": ("cacheruntime.conformance.cli", "hold a runtime to the reference model"),
+    "tlc": ("cacheruntime.tlc", "model-check the TLA+ spec with TLC"),
+    "z3": ("cacheruntime.z3check", "prove the eviction, lock and page-run properties with Z3"),
+    "bench": ("cacheruntime.bench", "measure the boundary's cost and overlap"),
+    "check": ("cacheruntime.gate", "run the whole gate: traceability, TLC, Z3, conformance"),
+    "trace": ("cacheruntime.traceability", "check that every invariant id is found in the artifacts that claim it"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the module of `command` (if given) is imported to add its options."""
+    parser = argparse.ArgumentParser(prog="cacheruntime", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser.set_defaults(module=module)
+        if name == command:
+            importlib.import_module(module).add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
+    return int(importlib.import_module(args.module).main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""The invariant catalogue as predicates on `AbstractState`.
+
+Each predicate is named by its catalogue id (`spec/invariants.md`) and returns a list
+of violations, empty when it holds. State predicates read one state; transition
+predicates read the states before and after one call. The same predicates judge the
+reference model (`ReferenceModel.check_invariants`) and, through `probe()`, any runtime
+that claims INTROSPECTION (the conformance suite). E1..E4 concern the prefix tree and
+live with the eviction policy in `cacheruntime.control.policy`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable
+
+import attrs
+
+from cacheruntime import protocol
+from cacheruntime.protocol import AbstractState, CopyState, RequestRuntimeHandle, Tier, TransferKind
+
+Violations = list[str]
+
+
+class InvariantViolation(AssertionError):
+    """An invariant of the catalogue does not hold; `invariant` is its id."""
+
+    def __init__(self, invariant: str, violations: Violations):
+        self.invariant = invariant
+        self.violations = violations
+        super().__init__(f"{invariant}: " + "; ".join(violations[:5]))
+
+
+def _live_holders(state: AbstractState) -> Counter:
+    held: Counter = Counter()
+    for slot in state.slots:
+        if slot.live:
+            held.update(slot.pages)
+    for extent in state.extents:
+        held.update(extent.pages)
+    return held
+
+
+def _pool(state: AbstractState, tier: Tier) -> protocol.PoolView:
+    return next(pool for pool in state.pools if pool.tier is tier)
+
+
+def _page_phys(state: AbstractState, tier: Tier) -> dict[int, int]:
+    return {name: phys for phys, name in _pool(state, tier).mapped}
+
+
+# -- request handles -------------------------------------------------------------------
+
+
+def H2_generation_monotone(before: AbstractState, after: AbstractState) -> Violations:
+    """A slot's generation never decreases, and a slot that stops being live moves past it."""
+    out = []
+    for old, new in zip(before.slots, after.slots):
+        if new.generation < old.generation:
+            out.append(f"slot {old.slot_id}: generation fell from {old.generation} to {new.generation}")
+        if old.live and not new.live and new.generation <= old.generation:
+            out.append(f"slot {old.slot_id}: closed without a new generation ({old.generation})")
+    return out
+
+
+def H3_one_live_handle(state: AbstractState, issued: list[RequestRuntimeHandle]) -> Violations:
+    """Of all handles ever issued, at most one per slot names the slot's live generation."""
+    current: Counter = Counter()
+    for handle in set(issued):
+        slot = state.slots[handle.slot_id]
+        if handle.epoch == state.epoch and slot.live and handle.generation == slot.generation:
+            current[handle.slot_id] += 1
+    return [f"slot {s}: {n} live handles" for s, n in current.items() if n > 1]
+
+
+# -- pages and pools -------------------------------------------------------------------
+
+
+def R1_pages_conserved(state: AbstractState) -> Violations:
+    """Every physical page is exactly one of free, mapped to a page name, or deferred."""
+    out = []
+    for pool in state.pools:
+        every = list(pool.free) + [phys for phys, _ in pool.mapped] + list(pool.deferred)
+        if sorted(every) != list(range(pool.total)):
+            counts = Counter(every)
+            lost = sorted(set(range(pool.total)) - set(every))
+            twice = sorted(p for p, n in counts.items() if n > 1)
+            out.append(f"{pool.tier.value}: lost {lost[:8]}, counted twice {twice[:8]}, total {pool.total}")
+    return out
+
+
+def R2_no_use_after_free(state: AbstractState) -> Violations:
+    """No physical page of a page name held by a live row or extent is on a free list."""
+    out = []
+    held = _live_holders(state)
+    for tier in Tier:
+        free = set(_pool(state, tier).free)
+        for name, phys in _page_phys(state, tier).items():
+            if name in held and phys in free:
+                out.append(f"page {name}: its {tier.value} page {phys} is on the free list")
+    known = {page.page for page in state.pages}
+    out += [f"page {name} is held but does not exist" for name in held if name not in known]
+    return out
+
+
+def R3_refcount_is_holders(state: AbstractState) -> Violations:
+    """A page's holder count equals its live rows and extents, and is positive."""
+    held = _live_holders(state)
+    out = [f"page {p.page}: holders {p.holders}, live holders {held[p.page]}" for p in state.pages if p.holders != held[p.page]]
+    out += [f"page {p.page}: holders {p.holders} <= 0" for p in state.pages if p.holders <= 0]
+    return out
+
+
+def R4_no_double_free(state: AbstractState) -> Violations:
+    """No physical page is on a free list twice, or free while also mapped or deferred."""
+    out = []
+    for pool in state.pools:
+        counts = Counter(pool.free)
+        out += [f"{pool.tier.value} page {p} is free {n} times" for p, n in counts.items() if n > 1]
+        busy = {phys for phys, _ in pool.mapped} | set(pool.deferred)
+        out += [f"{pool.tier.value} page {p} is free and in use" for p in sorted(set(pool.free) & busy)]
+    return out
+
+
+# -- ordering --------------------------------------------------------------------------
+
+
+def O1_rows_readable(state: AbstractState) -> Violations:
+    """Every page a live row has computed over has a valid device copy (compute waited for KV_READY)."""
+    out = []
+    pages = {p.page: p for p in state.pages}
+    for slot in state.slots:
+        if not slot.live:
+            continue
+        for name in slot.pages[: -(-slot.num_tokens // state.page_size)]:
+            if pages[name].l1 is not CopyState.VALID:
+                out.append(f"slot {slot.slot_id}: computed page {name} has L1 copy {pages[name].l1.value}")
+    return out
+
+
+def O2_backup_after_compute(state: AbstractState) -> Violations:
+    """An in-flight D2H only moves pages whose every token was written by completed compute."""
+    pages = {p.page: p for p in state.pages}
+    return [
+        f"backup {t.transfer_id}: page {name} is not fully written"
+        for t in state.transfers
+        if t.kind is TransferKind.BACKUP
+        for name in t.pages
+        if name in pages and 0 in pages[name].versions
+    ]
+
+
+def O3_no_reuse_in_flight(state: AbstractState) -> Violations:
+    """No physical page that an in-flight transfer reads or writes is on a free list."""
+    out = []
+    for t in state.transfers:
+        src_tier, dst_tier = (Tier.L1, Tier.L2) if t.kind is TransferKind.BACKUP else (Tier.L2, Tier.L1)
+        for tier, phys_pages in ((src_tier, t.sources), (dst_tier, t.destinations)):
+            free = set(_pool(state, tier).free)
+            out += [f"transfer {t.transfer_id}: {tier.value} page {p} is free" for p in phys_pages if p in free]
+    return out
+
+
+def O4_execute_once(before: AbstractState, after: AbstractState) -> Violations:
+    """A batch leaves the prepared state once, and an executed or cancelled batch stays so."""
+    if before.epoch != after.epoch:
+        return []
+    new = {b.batch_id: b.state for b in after.batches}
+    return [
+        f"batch {b.batch_id}: {b.state} became {new.get(b.batch_id)}"
+        for b in before.batches
+        if b.state != "prepared" and new.get(b.batch_id) != b.state
+    ]
+
+
+# -- the boundary ----------------------------------------------------------------------
+
+
+def B1_calls_per_batch(state: AbstractState, bound: int) -> Violations:
+    """Boundary calls per executed batch stay under a bound that does not grow with tokens."""
+    calls = dict(state.boundary_calls)
+    batches = calls.get("execute_batch", 0)
+    total = sum(calls.values())
+    if batches and total > bound * batches:
+        return [f"{total} boundary calls for {batches} batches exceeds {bound} per batch"]
+    return []
+
+
+_PLAIN = (int, str, bool, float, type(None), enum.Enum)
+
+
+def B2_plain_values(value: object, path: str = "value") -> Violations:
+    """A value that crosses to control is built only of protocol types, ints, strings and tuples."""
+    if isinstance(value, _PLAIN):
+        return []
+    if isinstance(value, (tuple, frozenset)):
+        return [v for i, item in enumerate(value) for v in B2_plain_values(item, f"{path}[{i}]")]
+    if attrs.has(type(value)) and type(value).__module__ == protocol.__name__:
+        return [v for f in attrs.fields(type(value)) for v in B2_plain_values(getattr(value, f.name), f"{path}.{f.name}")]
+    return [f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which must not cross the boundary"]
+
+
+# -- data ------------------------------------------------------------------------------
+
+
+def D1_copies_hold_last_write(state: AbstractState) -> Violations:
+    """Every valid copy of a page holds, at every written position, the tag last written there."""
+    out = []
+    for page in state.pages:
+        for tier, copy_state, tags in ((Tier.L1, page.l1, page.l1_tags), (Tier.L2, page.l2, page.l2_tags)):
+            if copy_state is not CopyState.VALID:
+                continue
+            bad = [i for i, v in enumerate(page.versions) if v and tags[i] != v]
+            if bad:
+                out.append(f"page {page.page} {tier.value}: positions {bad} hold {[tags[i] for i in bad]}, last written {[page.versions[i] for i in bad]}")
+    return out
+
+
+#: Every predicate that reads one state, by catalogue id.
+STATE_INVARIANTS: dict[str, Callable[[AbstractState], Violations]] = {
+    "R1": R1_pages_conserved,
+    "R2": R2_no_use_after_free,
+    "R3": R3_refcount_is_holders,
+    "R4": R4_no_double_free,
+    "O1": O1_rows_readable,
+    "O2": O2_backup_after_compute,
+    "O3": O3_no_reuse_in_flight,
+    "D1": D1_copies_hold_last_write,
+}
+
+#: Every predicate that reads the states before and after one call, by catalogue id.
+TRANSITION_INVARIANTS: dict[str, Callable[[AbstractState, AbstractState], Violations]] = {
+    "H2": H2_generation_monotone,
+    "O4": O4_execute_once,
+}
+
+
+def check_state(state: AbstractState) -> None:
+    """Raise `InvariantViolation` for the first state invariant that does not hold."""
+    for invariant, predicate in STATE_INVARIANTS.items():
+        violations = predicate(state)
+        if violations:
+            raise InvariantViolation(invariant, violations)
+
+
+def check_transition(before: AbstractState, after: AbstractState) -> None:
+    """Raise `InvariantViolation` for the first transition invariant that does not hold."""
+    for invariant, predicate in TRANSITION_INVARIANTS.items():
+        violations = predicate(before, after)
+        if violations:
+            raise InvariantViolation(invariant, violations)
+
+
+def H1_failed_call_changes_nothing(before: AbstractState, after: AbstractState) -> Violations:
+    """A call that raised (a stale handle above all) left the abstract state as it was."""
+    if before == after:
+        return []
+    return ["a failed call changed the state: " + ", ".join(f.name for f in attrs.fields(AbstractState) if getattr(before, f.name) != getattr(after, f.name))]

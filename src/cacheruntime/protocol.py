@@ -1,0 +1,580 @@
+"""The shared vocabulary of the boundary between control and the GPU cache runtime.
+
+Everything that crosses the boundary is defined here and nothing else does: opaque
+handles, plans, intents, completions, the typed errors and the `RuntimeInterface`.
+The values are frozen attrs classes made of ints, strings and tuples only, so that
+control can hold, hash, log and compare them, and so that nothing physical (a tensor,
+a pointer, a stream, an event, a graph) can ride along (invariant B2).
+
+`spec/protocol.md` is the prose contract; names here are the names used there, in
+`tla/CacheRuntime.tla`, in the reference model and in every runtime.
+
+This module imports neither torch nor anything else heavy: control, the model and the
+checkers depend on it alone.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+# --------------------------------------------------------------------------------------
+# Identity and capabilities
+# --------------------------------------------------------------------------------------
+
+
+class Tier(enum.Enum):
+    """Where a copy of a KV page lives: L1 is device memory, L2 is pinned host memory."""
+
+    L1 = "L1"
+    L2 = "L2"
+
+
+class Capability(enum.Enum):
+    """What a runtime claims to support; the conformance suite skips what is not claimed."""
+
+    L2 = "l2"  # a host tier: backup, restore, demote, drop
+    ASYNC_TRANSFERS = "async_transfers"  # transfers complete after the call that started them
+    INTROSPECTION = "introspection"  # probe() returns the abstract state
+    RESTART = "restart"  # restart() bumps the epoch
+    DELAY_KNOB = "delay_knob"  # set_transfer_delay() makes races deterministic
+    TAGGED_COMPUTE = "tagged_compute"  # compute writes version tags; next_token = tag_digest
+
+
+@attrs.frozen
+class RuntimeInfo:
+    """What control may know about a runtime: its identity, epoch, sizes and claims."""
+
+    runtime_id: str
+    epoch: int
+    page_size: int  # tokens per KV page
+    max_requests: int  # request slots
+    max_request_tokens: int  # tokens one request row can hold
+    l1_pages: int  # device pool capacity in pages
+    l2_pages: int  # host pool capacity in pages (0 without an L2)
+    capabilities: frozenset[Capability]
+
+
+# --------------------------------------------------------------------------------------
+# Handles: opaque to control, generation-checked by the runtime
+# --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RequestRuntimeHandle:
+    """A request's claim on one runtime slot; stale once the slot's generation moves on."""
+
+    runtime_id: str
+    epoch: int
+    slot_id: int
+    generation: int
+
+
+@attrs.frozen(order=True)
+class PageRun:
+    """`page_count` consecutive runtime page names starting at `first_page`.
+
+    Page names are logical: the runtime maps each to a device and/or host location that
+    control never sees, so a restore to other device pages does not change the name.
+    """
+
+    first_page: int
+    page_count: int
+
+    @property
+    def end(self) -> int:
+        """One past the last page of the run."""
+        return self.first_page + self.page_count
+
+
+@attrs.frozen
+class CacheExtentRef:
+    """A reference to an immutable run of full KV pages the runtime keeps for control.
+
+    `generation` is unique per extent within an epoch: splitting an extent retires the
+    old ref and issues two new ones, so a ref is never silently re-pointed.
+    """
+
+    runtime_id: str
+    epoch: int
+    generation: int
+    page_runs: tuple[PageRun, ...]
+
+    @property
+    def page_count(self) -> int:
+        """How many pages the extent covers."""
+        return sum(run.page_count for run in self.page_runs)
+
+
+@attrs.frozen
+class PreparedBatchHandle:
+    """A batch the runtime has validated and staged; executable once."""
+
+    runtime_id: str
+    epoch: int
+    batch_id: int
+
+
+@attrs.frozen
+class TransferTicket:
+    """A started tier move; its completion is reported once by poll or wait."""
+
+    runtime_id: str
+    epoch: int
+    transfer_id: int
+    kind: TransferKind
+    extent_generation: int
+    page_count: int  # pages the transfer actually moves (0 if nothing needed moving)
+
+
+class TransferKind(enum.Enum):
+    """The direction of a tier move."""
+
+    BACKUP = "backup"  # L1 -> L2 (D2H)
+    RESTORE = "restore"  # L2 -> L1 (H2D)
+
+
+# --------------------------------------------------------------------------------------
+# Intents: what control wants to happen to extents; the runtime decides how and when
+# --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Backup:
+    """Copy the extent's device pages that have no host copy to L2 (D2H)."""
+
+    extent: CacheExtentRef
+
+
+@attrs.frozen
+class Restore:
+    """Copy the extent's pages that have no device copy back from L2 (H2D)."""
+
+    extent: CacheExtentRef
+
+
+@attrs.frozen
+class Demote:
+    """Drop the device copy of an extent whose every page has (or is getting) a host copy."""
+
+    extent: CacheExtentRef
+
+
+@attrs.frozen
+class Drop:
+    """Drop the host copy of an extent whose every page still has a device copy."""
+
+    extent: CacheExtentRef
+
+
+@attrs.frozen
+class Release:
+    """Give back one reference to an extent; its pages are freed with the last holder."""
+
+    extent: CacheExtentRef
+
+
+@attrs.frozen
+class Publish:
+    """Make `page_count` full pages of a request row, from row page `first_page`, an extent."""
+
+    request: RequestRuntimeHandle
+    first_page: int
+    page_count: int
+
+
+@attrs.frozen
+class Close:
+    """End a request: free its slot now and its row's pages once nothing uses them."""
+
+    request: RequestRuntimeHandle
+
+
+TierIntent = Backup | Restore | Demote | Drop
+Intent = Backup | Restore | Demote | Drop | Release | Publish | Close
+
+
+# --------------------------------------------------------------------------------------
+# Batches
+# --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class BatchItem:
+    """One request's share of a batch: prefix to attach and tokens to compute.
+
+    `attach` maps extents (full pages, in order) to the front of an empty row; it is only
+    allowed on a request that has no tokens yet. The tokens computed are, in order, the
+    request's previous output (if `append_previous_output`) and then `input_ids`.
+    """
+
+    request: RequestRuntimeHandle
+    input_ids: tuple[int, ...] = ()
+    attach: tuple[CacheExtentRef, ...] = ()
+    append_previous_output: bool = False
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens this item writes into the request's row."""
+        return len(self.input_ids) + int(self.append_previous_output)
+
+
+@attrs.frozen
+class BatchPlan:
+    """One scheduling decision: every item and every intent, crossing the boundary once.
+
+    Restore intents start at `prepare_batch` (so their H2D overlaps the batch before);
+    all other intents apply at `execute_batch`, after the batch's compute, in order.
+    """
+
+    items: tuple[BatchItem, ...]
+    intents: tuple[Intent, ...] = ()
+
+
+@attrs.frozen
+class ItemResult:
+    """What one item produced: the row's length after the batch and the sampled token."""
+
+    request: RequestRuntimeHandle
+    num_tokens: int
+    next_token: int | None  # None from runtimes without compute (the reference model)
+
+
+@attrs.frozen
+class BatchCompletion:
+    """What `execute_batch` returns: per-item results and the results of its intents."""
+
+    batch: PreparedBatchHandle
+    items: tuple[ItemResult, ...]
+    published: tuple[CacheExtentRef, ...]  # one per Publish intent, in plan order
+    tickets: tuple[TransferTicket, ...]  # one per Backup intent, in plan order
+
+
+@attrs.frozen
+class TransferCompletion:
+    """A finished transfer, reported exactly once."""
+
+    ticket: TransferTicket
+
+
+# --------------------------------------------------------------------------------------
+# Errors: typed, saying what was wrong and how to fix it; state is unchanged after any
+# --------------------------------------------------------------------------------------
+
+
+class CacheRuntimeError(Exception):
+    """Base of every error a runtime raises across the boundary.
+
+    The runtime's state is identical before and after a call that raised one of these.
+    """
+
+    fix: str = ""
+
+    def __init__(self, what: str, fix: str | None = None):
+        self.what = what
+        if fix is not None:
+            self.fix = fix
+        super().__init__(f"{what} (fix: {self.fix})" if self.fix else what)
+
+
+class ForeignRuntime(CacheRuntimeError):
+    """A handle, ref or plan issued by another runtime was given to this one."""
+
+    fix = "send the handle to the runtime whose runtime_id it carries"
+
+
+class StaleHandle(CacheRuntimeError):
+    """A handle whose epoch or generation is no longer current (H1)."""
+
+    fix = "drop the handle; reopen the request or look the extent up again"
+
+
+class UnknownHandle(CacheRuntimeError):
+    """A handle this runtime never issued in this epoch."""
+
+    fix = "use only handles returned by this runtime"
+
+
+class OutOfSlots(CacheRuntimeError):
+    """Every request slot is taken."""
+
+    fix = "close a request, then open again"
+
+
+class OutOfPages(CacheRuntimeError):
+    """A tier has fewer free pages than the call needs; nothing was allocated."""
+
+    fix = "release, demote or drop extents to free pages, then retry"
+
+    def __init__(self, tier: Tier, needed: int, free: int):
+        self.tier, self.needed, self.free = tier, needed, free
+        super().__init__(f"{tier.value} needs {needed} free pages, has {free}")
+
+
+class RowFull(CacheRuntimeError):
+    """A request row would exceed max_request_tokens."""
+
+    fix = "finish the request or open a new one with a shorter context"
+
+
+class InvalidPageRun(CacheRuntimeError):
+    """A page range or split point is empty, out of range or not on a page boundary."""
+
+    fix = "name whole pages inside the row or extent (0 < k < page_count for a split)"
+
+
+class InvalidPlan(CacheRuntimeError):
+    """A plan is malformed: empty, a request twice, attach on a non-empty row, ..."""
+
+    fix = "build one item per request with attach only on a fresh request"
+
+
+class NotPrepared(CacheRuntimeError):
+    """A batch handle that is not (or no longer) prepared: cancelled or never issued."""
+
+    fix = "prepare the plan again and execute the new handle"
+
+
+class AlreadyExecuted(CacheRuntimeError):
+    """A prepared batch was executed before; it executes at most once (O4)."""
+
+    fix = "prepare a new batch"
+
+
+class OutOfOrder(CacheRuntimeError):
+    """A batch shares a request with an earlier prepared batch that has not executed."""
+
+    fix = "execute (or cancel) the earlier batch first"
+
+
+class BatchDependency(CacheRuntimeError):
+    """Cancelling a batch that a later prepared batch depends on."""
+
+    fix = "cancel the later batch first"
+
+
+class RequestBusy(CacheRuntimeError):
+    """A request is part of a prepared batch, or has no previous output to append."""
+
+    fix = "execute or cancel the batch first"
+
+
+class NotResident(CacheRuntimeError):
+    """An extent attached to a row has pages with no device copy and no restore started."""
+
+    fix = "add a Restore intent for the extent to the plan"
+
+
+class NotBackedUp(CacheRuntimeError):
+    """A restore or demote needs host copies that do not exist (or are not started)."""
+
+    fix = "back the extent up first"
+
+
+class ExtentInUse(CacheRuntimeError):
+    """Demoting pages that a request row or a prepared batch still reads."""
+
+    fix = "close the requests using the extent first"
+
+
+class ExtentShared(CacheRuntimeError):
+    """Splitting an extent that has more than one reference."""
+
+    fix = "release the other references before splitting"
+
+
+class WouldLoseData(CacheRuntimeError):
+    """Dropping the last copy of a page: the host copy of a page with no device copy."""
+
+    fix = "release the extent instead, or restore it first"
+
+
+class NoL2(CacheRuntimeError):
+    """A tier move on a runtime without the L2 capability."""
+
+    fix = "check RuntimeInfo.capabilities before asking for tier moves"
+
+
+class Unsupported(CacheRuntimeError):
+    """An optional operation the runtime does not claim in its capabilities."""
+
+    fix = "check RuntimeInfo.capabilities first"
+
+
+# --------------------------------------------------------------------------------------
+# Introspection: the abstract state, for runtimes that claim INTROSPECTION
+# --------------------------------------------------------------------------------------
+
+
+class CopyState(enum.Enum):
+    """The state of one tier's copy of a page."""
+
+    ABSENT = "absent"
+    FILLING = "filling"  # a transfer into this copy is in flight; not yet readable
+    VALID = "valid"
+
+
+@attrs.frozen
+class SlotView:
+    """One request slot: its generation, and for a live request the row's pages and length."""
+
+    slot_id: int
+    generation: int
+    live: bool
+    pages: tuple[int, ...]  # page names of the row, in token order
+    num_tokens: int  # tokens written by executed batches
+    reserved_tokens: int  # tokens including prepared, not yet executed batches
+
+
+@attrs.frozen
+class PageView:
+    """One page name: its holders and, per tier, copy state and the tags the copy holds.
+
+    `versions` are the version tags last written for the page's token positions (0 for a
+    position never written); `l1_tags`/`l2_tags` are the tags in the copies' bytes, read
+    from memory by runtimes that claim TAGGED_COMPUTE, else equal to what the runtime
+    believes it holds.
+    """
+
+    page: int
+    holders: int
+    l1: CopyState
+    l2: CopyState
+    versions: tuple[int, ...]
+    l1_tags: tuple[int, ...]
+    l2_tags: tuple[int, ...]
+
+
+@attrs.frozen
+class PoolView:
+    """One physical pool: the free list (duplicates shown), pages mapped, pages deferred.
+
+    Physical page numbers appear only here, in test-only introspection; control never
+    sees them.
+    """
+
+    tier: Tier
+    total: int
+    free: tuple[int, ...]
+    mapped: tuple[tuple[int, int], ...]  # (physical page, page name)
+    deferred: tuple[int, ...]  # released, waiting for in-flight transfers or compute
+
+
+@attrs.frozen
+class ExtentView:
+    """A live extent: its generation, its page names in order, and its reference count."""
+
+    generation: int
+    pages: tuple[int, ...]
+    refcount: int
+
+
+@attrs.frozen
+class BatchView:
+    """A batch handle the runtime remembers, with its state and the requests it names."""
+
+    batch_id: int
+    state: str  # "prepared" | "executed" | "cancelled"
+    slots: tuple[int, ...]
+    pages: tuple[int, ...]  # pages the batch holds until it executes or is cancelled
+
+
+@attrs.frozen
+class TransferView:
+    """An in-flight transfer: its direction, the page names it moves, and where from and to."""
+
+    transfer_id: int
+    kind: TransferKind
+    pages: tuple[int, ...]
+    sources: tuple[int, ...]  # physical pages read (L1 for a backup, L2 for a restore)
+    destinations: tuple[int, ...]  # physical pages written
+
+
+@attrs.frozen
+class AbstractState:
+    """The runtime's state at the level of the contract; the invariants are predicates on it."""
+
+    epoch: int
+    page_size: int
+    slots: tuple[SlotView, ...]
+    pages: tuple[PageView, ...]
+    pools: tuple[PoolView, ...]
+    extents: tuple[ExtentView, ...]
+    batches: tuple[BatchView, ...]
+    transfers: tuple[TransferView, ...]
+    boundary_calls: tuple[tuple[str, int], ...]  # (operation, count) since the epoch began
+
+
+def tag_digest(tags: tuple[int, ...]) -> int:
+    """The token a TAGGED_COMPUTE runtime returns: a digest of the tags compute read.
+
+    A polynomial hash modulo a Mersenne prime: any changed, missing or reordered tag
+    changes it with overwhelming probability, so a stale read shows up as a mismatch.
+    """
+    acc = 0
+    for tag in tags:
+        acc = (acc * 1_000_003 + tag + 1) % 2_147_483_647
+    return acc
+
+
+# --------------------------------------------------------------------------------------
+# The interface
+# --------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class RuntimeInterface(Protocol):
+    """The boundary: every call control can make on a GPU cache runtime.
+
+    Each call is atomic: it either does all it says or raises a `CacheRuntimeError`
+    and changes nothing. `spec/protocol.md` gives preconditions, effects, errors and
+    whether the call may block.
+    """
+
+    def info(self) -> RuntimeInfo: ...
+
+    def open_request(self) -> RequestRuntimeHandle: ...
+
+    def close_request(self, request: RequestRuntimeHandle) -> None: ...
+
+    def prepare_batch(self, plan: BatchPlan) -> PreparedBatchHandle: ...
+
+    def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion: ...
+
+    def cancel_batch(self, batch: PreparedBatchHandle) -> None: ...
+
+    def publish(self, request: RequestRuntimeHandle, first_page: int, page_count: int) -> CacheExtentRef: ...
+
+    def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]: ...
+
+    def retain(self, extent: CacheExtentRef) -> None: ...
+
+    def release(self, extent: CacheExtentRef) -> None: ...
+
+    def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]: ...
+
+    def poll_completions(self) -> tuple[TransferCompletion, ...]: ...
+
+    def wait_completions(self) -> tuple[TransferCompletion, ...]: ...
+
+    def restart(self) -> RuntimeInfo: ...
+
+
+@runtime_checkable
+class Introspectable(Protocol):
+    """Optional test-only surface of a runtime that claims INTROSPECTION (and DELAY_KNOB)."""
+
+    def probe(self) -> AbstractState: ...
+
+
+@runtime_checkable
+class DelayKnob(Protocol):
+    """Optional test-only surface: slow every transfer so that a missing wait is a sure race."""
+
+    def set_transfer_delay(self, seconds: float) -> None: ...
+
+
+#: The operations that cross the boundary once per scheduling step (B1).
+PER_BATCH_CALLS = ("prepare_batch", "execute_batch", "poll_completions")

@@ -55,6 +55,7 @@ class RuntimeInfo:
     l1_pages: int  # device pool capacity in pages
     l2_pages: int  # host pool capacity in pages (0 without an L2)
     capabilities: frozenset[Capability]
+    page_bytes: int = 0  # KV bytes one page occupies in one tier (all layers, K and V); 0 if none
 
 
 # --------------------------------------------------------------------------------------

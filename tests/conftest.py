@@ -1,0 +1,28 @@
+"""Hypothesis profiles: `ci` (derandomized, bounded; Hypothesis loads it itself when CI is
+set) and `deep` (randomized, long, failures kept in the example database for replay).
+
+Select one with `--hypothesis-profile=deep` or `HYPOTHESIS_PROFILE=deep`.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "deep",
+    max_examples=5000,
+    stateful_step_count=100,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

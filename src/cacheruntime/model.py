@@ -474,15 +474,19 @@ class ReferenceModel:
     @operation
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
         """PollCompletions: the transfers completed since the last poll, each reported once."""
-        done, self.state.unreported = tuple(self.state.unreported), []
-        return done
+        return self._report()
 
     @operation
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         """WaitCompletions: block until no transfer is in flight, then report as poll does."""
         while self.state.transfers:
             self._complete(self._next_completable(self.state.transfers))
-        done, self.state.unreported = tuple(self.state.unreported), []
+        return self._report()
+
+    def _report(self) -> tuple[TransferCompletion, ...]:
+        """Hand over the unreported completions, ordered by transfer id (timing is the runtime's)."""
+        done = tuple(sorted(self.state.unreported, key=lambda c: c.ticket.transfer_id))
+        self.state.unreported = []
         return done
 
     # -- restart -----------------------------------------------------------------------

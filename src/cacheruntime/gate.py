@@ -1,0 +1,119 @@
+"""`cacheruntime check`: the whole gate a pull request must pass, in one command.
+
+It runs, in order, the traceability check, TLC on the manifest's models, the Z3 proofs
+and the conformance suite on a named runtime, each as its own `cacheruntime` subcommand
+in a subprocess (so one stage's crash or missing dependency cannot take the others down),
+prints one summary table and exits non-zero if any stage failed. `--junitxml` writes the
+same as JUnit XML, one test case per stage, for CI systems that render it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import attrs
+
+DEFAULT_RUNTIME = "cacheruntime.runtime.factories:conformance"
+
+
+@attrs.frozen
+class Stage:
+    """One step of the gate: a name and the subcommand line that performs it."""
+
+    name: str
+    argv: tuple[str, ...]
+
+
+@attrs.frozen
+class StageResult:
+    """What one stage did: its exit code, how long it took and the tail of its output."""
+
+    stage: Stage
+    returncode: int
+    seconds: float
+    output: str
+
+    @property
+    def passed(self) -> bool:
+        return self.returncode == 0
+
+
+def stages(args: argparse.Namespace) -> list[Stage]:
+    """The gate's stages, in order, minus the ones skipped on the command line."""
+    conformance = ["conformance", "--runtime", args.runtime]
+    for option in args.option or ():
+        conformance += ["--option", option]
+    if args.expected_failures:
+        conformance += ["--expected-failures", str(args.expected_failures)]
+    every = [
+        Stage("traceability", ("trace",)),
+        Stage("tlc", ("tlc",)),
+        Stage("z3", ("z3",)),
+        Stage("conformance", tuple(conformance)),
+    ]
+    return [s for s in every if s.name not in set(args.skip or ())]
+
+
+def run_stage(stage: Stage) -> StageResult:
+    """Run one stage as `python -m cacheruntime.cli ...`, echoing its output as it comes."""
+    start = time.monotonic()
+    print(f"== {stage.name}: cacheruntime {' '.join(stage.argv)}", flush=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cacheruntime.cli", *stage.argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(f"   {line}", end="", flush=True)
+        lines.append(line)
+    returncode = proc.wait()
+    return StageResult(stage, returncode, time.monotonic() - start, "".join(lines[-200:]))
+
+
+def write_junit(results: list[StageResult], path: Path) -> None:
+    """One test suite, one test case per stage, the stage's output as system-out."""
+    failures = sum(not r.passed for r in results)
+    suite = ET.Element(
+        "testsuite",
+        name="cacheruntime-check",
+        tests=str(len(results)),
+        failures=str(failures),
+        time=f"{sum(r.seconds for r in results):.1f}",
+    )
+    for result in results:
+        case = ET.SubElement(suite, "testcase", classname="cacheruntime.check", name=result.stage.name, time=f"{result.seconds:.1f}")
+        if not result.passed:
+            failure = ET.SubElement(case, "failure", message=f"exit code {result.returncode}")
+            failure.text = result.output
+        ET.SubElement(case, "system-out").text = result.output
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, help=f"MODULE:FACTORY of the runtime under test (default {DEFAULT_RUNTIME})")
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the runtime factory (repeatable)")
+    parser.add_argument("--expected-failures", type=Path, help="the conformance suite's expected-failures file")
+    parser.add_argument("--skip", action="append", choices=["traceability", "tlc", "z3", "conformance"], help="leave a stage out (repeatable)")
+    parser.add_argument("--junitxml", type=Path, help="write the summary as JUnit XML")
+
+
+def main(args: argparse.Namespace) -> int:
+    results = [run_stage(stage) for stage in stages(args)]
+    print()
+    print(f"{'stage':<14} {'result':<6} {'seconds':>8}")
+    for result in results:
+        print(f"{result.stage.name:<14} {'pass' if result.passed else 'FAIL':<6} {result.seconds:>8.1f}")
+    if args.junitxml:
+        write_junit(results, args.junitxml)
+    failed = [r.stage.name for r in results if not r.passed]
+    print(f"gate: {'FAILED: ' + ', '.join(failed) if failed else 'passed'}")
+    return 1 if failed else 0

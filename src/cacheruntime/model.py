@@ -495,6 +495,8 @@ class ReferenceModel:
     def restart(self) -> RuntimeInfo:
         """Restart: drain transfers, forget everything, bump the epoch; every handle goes stale."""
         st = self.state
+        while st.transfers:  # drain: in-flight copies land before the epoch ends
+            self._complete(self._next_completable(st.transfers))
         generations = [slot.generation + int(slot.live) for slot in st.slots]
         contents = {tier: pool.content for tier, pool in st.pools.items()}
         self.state = _fresh_state(st.epoch + 1, generations, contents, st.next_version)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The cacheruntime gate, locally, as .github/workflows/cacheruntime-gate.yml runs it on a
+# PR of an SGLang fork: a fresh venv with cacheruntime, the SGLang under test installed
+# into it, then `cacheruntime check` holding the SGLang adapter to the contract with the
+# adapter's expected-failures file.
+#
+# Usage: scripts/gate_local.sh [SGLANG_SOURCE]
+#   SGLANG_SOURCE  a path to an SGLang checkout (its python/ package is installed with
+#                  --no-deps) or a pip requirement; default: the pinned sglang==0.5.23.
+# Env: GATE_VENV (default .venv-sglang), CACHERUNTIME_SRC (default: this repository).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ADAPTER="$REPO/conformance/adapters/sglang"
+export SGLANG_VENV="${GATE_VENV:-$REPO/.venv-sglang}"
+SOURCE="${1:-}"
+start=$(date +%s)
+
+echo "== 1. environment: torch (CPU), sglang, its import deps, cacheruntime"
+bash "$ADAPTER/install.sh"
+
+if [[ -n "$SOURCE" ]]; then
+  echo "== 2. the SGLang under test: $SOURCE"
+  if [[ -d "$SOURCE/python" ]]; then SOURCE="$SOURCE/python"; fi
+  "$SGLANG_VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall -c "$SGLANG_VENV/sglang-constraints.txt" "$SOURCE" \
+    || "$SGLANG_VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$SOURCE"
+else
+  echo "== 2. the SGLang under test: the pinned sglang==0.5.23"
+fi
+
+echo "== 3. the gate"
+export PYTHONPATH="$REPO:$ADAPTER/stubs${PYTHONPATH:+:$PYTHONPATH}"
+cd "$REPO"
+status=0
+"$SGLANG_VENV/bin/cacheruntime" check \
+  --runtime conformance.adapters.sglang.adapter:make_runtime \
+  --expected-failures "$ADAPTER/expected-failures.toml" || status=$?
+echo "gate: exit $status in $(( $(date +%s) - start )) s"
+exit $status

@@ -1,0 +1,37 @@
+"""Configured `LocalGPURuntime`s by import path: `cacheruntime.runtime.factories:NAME`.
+
+The conformance suite calls `conformance()` once per test case (a fresh runtime each
+time); the main job and the tests call `local(...)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cacheruntime.runtime.local import LocalGPURuntime
+
+
+def local(device: str = "cpu", **options: Any) -> LocalGPURuntime:
+    """A `LocalGPURuntime` on `device` with the constructor's defaults, overridden by `options`."""
+    return LocalGPURuntime(device=device, **options)
+
+
+#: The conformance configuration, for building broken subclasses (mutants) of the same shape.
+CONFORMANCE_OPTIONS: dict[str, Any] = {
+    "runtime_id": "local",
+    "page_size": 2,
+    "max_requests": 4,
+    "max_request_tokens": 32,
+    "l1_pages": 12,
+    "l2_pages": 24,
+    "runner": "tagging",
+}
+
+
+def conformance(device: str = "cpu") -> LocalGPURuntime:
+    """A small tagged runtime: tiny pools so that out-of-pages, deferral and reuse happen quickly.
+
+    TAGGED_COMPUTE lets the suite compare next tokens with the model's digests, so a stale
+    KV read anywhere shows as a mismatch, not just as a wrong abstract state.
+    """
+    return LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS)

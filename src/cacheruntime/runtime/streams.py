@@ -1,0 +1,182 @@
+"""Streams and events: the runtime's ordering primitives, on CUDA and emulated on CPU.
+
+The runtime orders its work the way CUDA does: work submitted to one stream runs in
+submission order, an event marks a point in a stream, and a stream can be told to wait
+for an event recorded on another. On CUDA these are `torch.cuda.Stream`/`Event`. On CPU
+each stream is one worker thread running its queue in FIFO order and an event is a
+`threading.Event`, so work on different streams really runs concurrently: a missing
+`wait` is a real race there too, not a no-op, and the test-only delay knob makes it a
+sure one.
+
+Nothing here crosses to control (B2): streams and events stay inside the runtime.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import torch
+
+
+class Event(Protocol):
+    """A point in a stream: done once everything submitted before it has run."""
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class Result(Protocol):
+    """The value a submitted function returned, available once it has run."""
+
+    def result(self) -> Any: ...
+
+
+class CpuEvent:
+    """An event on a CPU stream: set by the stream's worker when it reaches it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+    def set(self) -> None:
+        self._done.set()
+
+
+class CpuStream:
+    """A CUDA-like stream on CPU: one daemon worker thread running submitted work in order.
+
+    A function that raises does not stop the stream (as an asynchronous CUDA error would
+    not stop later launches from being queued); its exception is kept in its `Future`,
+    which `submit` returns.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=f"cacheruntime-{name}", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            job()
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        """Queue `fn` after everything submitted before; its result arrives in the Future."""
+        future: Future = Future()
+
+        def job() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as error:  # kept for whoever reads the result
+                future.set_exception(error)
+
+        self._queue.put(job)
+        return future
+
+    def record(self) -> CpuEvent:
+        """An event that is set when the worker has run everything submitted so far."""
+        event = CpuEvent()
+        self._queue.put(event.set)
+        return event
+
+    def wait(self, event: Event) -> None:
+        """Work submitted from now on starts only after `event` (from any stream) is done."""
+        self._queue.put(event.synchronize)
+
+    def sleep(self, seconds: float) -> None:
+        """Hold the stream for `seconds` before later work (the delay knob)."""
+        self._queue.put(lambda: time.sleep(seconds))
+
+    def synchronize(self) -> None:
+        """Block until everything submitted so far has run."""
+        self.record().synchronize()
+
+    def close(self) -> None:
+        """Stop the worker after the work already queued, and wait for it.
+
+        Waiting matters at interpreter exit: a worker killed inside a torch kernel aborts
+        the process.
+        """
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+class Ready:
+    """The result of work launched on a CUDA stream: the (device) value, ordered by events."""
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    def result(self) -> Any:
+        return self._value
+
+
+class CudaStream:
+    """A `torch.cuda.Stream`: functions run at once on the host and launch their kernels on it."""
+
+    _cycles_per_second: float | None = None
+
+    def __init__(self, name: str, device: torch.device):
+        self.name = name
+        self.device = device
+        self._stream = torch.cuda.Stream(device)
+
+    def submit(self, fn: Callable[[], Any]) -> Ready:
+        """Run `fn` with this stream current, so every kernel it launches is queued here."""
+        with torch.cuda.stream(self._stream):
+            return Ready(fn())
+
+    def record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record(self._stream)
+        return event
+
+    def wait(self, event: torch.cuda.Event) -> None:
+        self._stream.wait_event(event)
+
+    def sleep(self, seconds: float) -> None:
+        """Spin the stream for about `seconds` (`torch.cuda._sleep`), delaying later work on it."""
+        with torch.cuda.stream(self._stream):
+            torch.cuda._sleep(int(seconds * self._calibrate(self.device)))
+
+    def synchronize(self) -> None:
+        self._stream.synchronize()
+
+    def close(self) -> None:
+        """Nothing to stop: CUDA streams need no worker."""
+
+    @classmethod
+    def _calibrate(cls, device: torch.device) -> float:
+        """GPU cycles per second, measured once, so the delay knob speaks seconds."""
+        if cls._cycles_per_second is None:
+            cycles = 20_000_000
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.device(device):
+                start.record()
+                torch.cuda._sleep(cycles)
+                end.record()
+                end.synchronize()
+            cls._cycles_per_second = cycles / (start.elapsed_time(end) / 1000.0)
+        return cls._cycles_per_second
+
+
+Stream = CpuStream | CudaStream
+
+
+def make_stream(name: str, device: torch.device) -> Stream:
+    """A stream of the kind the device needs."""
+    return CudaStream(name, device) if device.type == "cuda" else CpuStream(name)

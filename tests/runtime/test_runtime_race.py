@@ -1,0 +1,97 @@
+"""Ordering is real: with the delay knob, a runtime that skips a wait reads or writes wrong bytes.
+
+Transfers are slowed (a sleep on the CPU transfer worker, `torch.cuda._sleep` on the CUDA
+transfer stream) while compute goes ahead. The correct runtime still matches the model;
+a subclass without the KV_READY wait serves a different token (compute read the restore's
+destination before the H2D landed), and a subclass that frees a device page while its D2H
+still reads it ends with a host copy holding another request's bytes (D1).
+"""
+
+from __future__ import annotations
+
+from runtimekit import PS, item, plan, twin_model
+
+from cacheruntime.invariants import D1_copies_hold_last_write, check_state
+from cacheruntime.protocol import Backup, Demote, OutOfPages, Restore, Tier
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.local import LocalGPURuntime
+
+DELAY = 0.2
+
+
+class SkipsKvReady(LocalGPURuntime):
+    """Mutant: compute does not wait for the restores it reads (O1)."""
+
+    def _wait_kv_ready(self, launched):
+        pass
+
+
+class FreesInFlight(LocalGPURuntime):
+    """Mutant: a released page goes straight to the free list, even while a transfer uses it (O3)."""
+
+    def _free_phys(self, tier: Tier, phys: int) -> None:
+        self._state.pools[tier].free.append(phys)
+
+
+def restore_then_compute(runtime_class, device):
+    """Serve one token over a prefix restored from L2 with slow transfers: (served, model's token)."""
+    rt = runtime_class(device=device, **CONFORMANCE_OPTIONS)
+    model = twin_model(rt)
+    tokens = []
+    for side in (rt, model):
+        h = side.open_request()
+        side.execute_batch(side.prepare_batch(plan(item(h, 2 * PS))))
+        prefix = side.publish(h, 0, 2)
+        side.submit((Backup(prefix),))
+        side.wait_completions()
+        side.close_request(h)
+        side.submit((Demote(prefix),))
+        if side is rt:
+            rt.set_transfer_delay(DELAY)
+        g = side.open_request()
+        done = side.execute_batch(side.prepare_batch(plan(item(g, 1, attach=(prefix,)), intents=(Restore(prefix),))))
+        tokens.append(done.items[0].next_token)
+        side.wait_completions()
+    rt.close()
+    return tokens
+
+
+def test_correct_ordering_serves_the_model_token(device):
+    served, expected = restore_then_compute(LocalGPURuntime, device)
+    assert served == expected
+
+
+def test_skipping_the_kv_ready_wait_is_observed(device):
+    served, expected = restore_then_compute(SkipsKvReady, device)
+    assert served != expected, "compute ran before the H2D landed, yet read the right bytes"
+
+
+def backup_demote_and_reuse(runtime_class, device):
+    """Demote a prefix while its slow D2H is in flight, then fill L1: the probe after all transfers."""
+    rt = runtime_class(device=device, **CONFORMANCE_OPTIONS)
+    h = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(plan(item(h, 2 * PS))))
+    prefix = rt.publish(h, 0, 2)
+    rt.close_request(h)
+    rt.set_transfer_delay(DELAY)
+    rt.submit((Backup(prefix),))
+    rt.submit((Demote(prefix),))
+    g = rt.open_request()
+    try:
+        rt.execute_batch(rt.prepare_batch(plan(item(g, 12 * PS))))  # every device page, if it can get them
+    except OutOfPages:
+        pass  # the correct runtime keeps the two pages the D2H reads
+    rt.wait_completions()
+    state = rt.probe()
+    rt.close()
+    return state
+
+
+def test_deferred_free_keeps_the_backup_intact(device):
+    state = backup_demote_and_reuse(LocalGPURuntime, device)
+    check_state(state)
+
+
+def test_freeing_a_page_under_a_d2h_is_observed(device):
+    state = backup_demote_and_reuse(FreesInFlight, device)
+    assert D1_copies_hold_last_write(state), "compute overwrote the pages before the D2H read them, yet L2 is right"

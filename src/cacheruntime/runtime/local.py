@@ -94,7 +94,7 @@ from cacheruntime.protocol import (
 from cacheruntime.runtime.pools import KVMemory
 from cacheruntime.runtime.runner import ComputeItem, DecoderConfig, make_runner
 from cacheruntime.runtime.state import Batch, Copy, Extent, Page, Slot, State, Transfer, fresh_state
-from cacheruntime.runtime.streams import Event, Result, Stream, make_stream
+from cacheruntime.runtime.streams import Event, Result, Stream, make_stream, to_device
 
 
 @attrs.frozen
@@ -906,9 +906,8 @@ class LocalGPURuntime:
         def write() -> None:
             for slot_id, first_token, phys_pages in rows:
                 if phys_pages:
-                    locations = torch.tensor(phys_pages, dtype=torch.int32).repeat_interleave(page_size) * page_size
-                    locations += torch.arange(page_size, dtype=torch.int32).repeat(len(phys_pages))
-                    table[slot_id, first_token : first_token + len(locations)] = locations.to(device)
+                    locations = [phys * page_size + offset for phys in phys_pages for offset in range(page_size)]
+                    table[slot_id, first_token : first_token + len(locations)] = to_device(locations, torch.int32, device)
 
         self._compute.submit(write)
 

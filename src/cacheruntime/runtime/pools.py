@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from cacheruntime.pageruns import coalesce
+from cacheruntime.runtime.streams import to_device
 
 
 class KVMemory:
@@ -57,7 +58,7 @@ class KVMemory:
 
     def read_l1(self, phys: list[int]) -> torch.Tensor:
         """Device pages `phys` in page-first layout `[n, layers, 2, page_size, heads, head_dim]` (a copy)."""
-        index = torch.tensor(phys, dtype=torch.long, device=self.device)
+        index = to_device(phys, torch.long, self.device)
         return self.l1.index_select(2, index).permute(2, 0, 1, 3, 4, 5)
 
     def read_l2(self, phys: list[int]) -> torch.Tensor:
@@ -88,5 +89,5 @@ class KVMemory:
                 staging[offset : offset + run.page_count].copy_(self.l2[run.first_page : run.end], non_blocking=True)
                 offset += run.page_count
         pages = staging.view(n, *self.page_shape).permute(1, 2, 0, 3, 4, 5)
-        self.l1.index_copy_(2, torch.tensor(dst_l1, dtype=torch.long, device=self.device), pages)
+        self.l1.index_copy_(2, to_device(dst_l1, torch.long, self.device), pages)
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from cacheruntime.protocol import tag_digest
+from cacheruntime.runtime.streams import to_device
 
 #: digits of a version tag in the KV bytes: base 256 is exact in float32, float16 and bfloat16
 TAG_DIGITS = 4
@@ -116,7 +117,7 @@ class TinyRunner:
         """Run the new tokens through every layer; `kv(layer, k, v)` gives the keys and values to attend."""
         cfg = self.config
         n = len(token_ids)
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        ids = to_device(token_ids, torch.long, self.device)
         positions = torch.arange(start, start + n, device=self.device)
         x = self.embed[ids] + self.positions[positions]
         for index, w in enumerate(self.layers):
@@ -150,7 +151,7 @@ class TaggingRunner:
         for item in items:
             new = table[item.slot, item.start : item.end].long()
             row = table[item.slot, : item.end].long()
-            encoded = self.encode(torch.tensor(item.tags, dtype=torch.long, device=self.device))
+            encoded = self.encode(to_device(list(item.tags), torch.long, self.device))
             for layer in range(self.config.layers):
                 for pool in memory.layer_kv(layer):
                     pool.index_copy_(0, new, encoded.to(pool.dtype))

@@ -177,6 +177,21 @@ class CudaStream:
 Stream = CpuStream | CudaStream
 
 
+def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor, without blocking the host on the current stream.
+
+    A copy from pageable memory makes CUDA synchronize the stream first, so a transfer
+    stream's pending work (the delay knob's sleep, an earlier copy) would be absorbed by the
+    host thread: every later launch would then run after it, and the stream ordering the
+    runtime is built on would go untested. A pinned buffer copied with `non_blocking` stays
+    in stream order (the caching host allocator keeps the buffer until the copy is done).
+    """
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def make_stream(name: str, device: torch.device) -> Stream:
     """A stream of the kind the device needs."""
     return CudaStream(name, device) if device.type == "cuda" else CpuStream(name)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The boundary benchmark on a CUDA machine (issue 7). Run from the repository root:
+#     bash scripts/gpu_bench.sh [extra `cacheruntime bench` options]
+# Writes, under $OUT (default ./bench-out): machine.txt (nvidia-smi, date, torch),
+# bench.log (header + the printed table), bench.json (every row with its details),
+# timeline/trace-*.json (Chrome/Perfetto traces of a few two-phase batches) and
+# timeline-h200.png (the compute/H2D/D2H timeline). Needs torch with CUDA; no network.
+set -uo pipefail
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+{
+    echo "# cacheruntime bench — $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max,clocks.max.sm --format=csv 2>&1
+    python3 -c 'import torch, platform; print("torch", torch.__version__, "cuda", torch.version.cuda, "python", platform.python_version())'
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) (working tree may be dirty)"
+    echo "command: PYTHONPATH=src python3 -m cacheruntime.cli bench --device cuda --json \$OUT/bench.json --timeline \$OUT/timeline $*"
+} | tee "$OUT/machine.txt"
+python3 -m cacheruntime.cli bench --device cuda --json "$OUT/bench.json" --timeline "$OUT/timeline" "$@" 2>&1 | tee "$OUT/bench.log"
+rc=${PIPESTATUS[0]}
+if [ -f "$OUT/timeline/timeline.png" ]; then
+    mv "$OUT/timeline/timeline.png" "$OUT/timeline-h200.png"
+fi
+exit "$rc"

@@ -1,0 +1,187 @@
+"""`cacheruntime bench`: the boundary's cost and overlap, each beside a baseline of the same run.
+
+Sections (`--only` picks some):
+
+- `transfer`: restore (L2->L1) and backup (L1->L2) throughput of scattered page runs through
+  the runtime, against a raw pinned `copy_` of one contiguous buffer of the same bytes
+  (target ratio >= 0.90), for each page size and run length; also the runtime's copy
+  routine alone and the proposed path (`cacheruntime.bench.proposed`);
+- `overlap`: restore time left exposed when `prepare_batch(N+1)` is issued during batch N,
+  as a fraction of the transfer time (target <= 5%), against one-phase issue;
+- `itl`: decode inter-token latency with background write-back against none (<= 1.03x);
+- `cpu`: host time of a decode step through the boundary against the same bookkeeping
+  in-process on the pools (<= 1.0x), for B = 1, 16, 64, 256.
+
+The printed table has: measurement, value, baseline, ratio, target, met. `--json` writes
+every row with its details. On CUDA, `--timeline DIR` writes profiler traces of a few
+two-phase batches and a PNG of the compute, H2D and D2H streams.
+
+torch is imported inside `main` only, so building the CLI parser stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import platform
+import sys
+import time
+import traceback
+from typing import Any
+
+SECTIONS = ("transfer", "overlap", "itl", "cpu")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (the CI smoke test)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--timeline", default=None, metavar="DIR", help="write profiler traces and timeline.png here (CUDA)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--seed", type=int, default=0)
+    g = parser.add_argument_group("sizes (defaults depend on --device and --quick)")
+    g.add_argument("--layers", type=int, help="KV layers (32)")
+    g.add_argument("--kv-heads", type=int, help="KV heads (8)")
+    g.add_argument("--head-dim", type=int, help="head dim (128)")
+    g.add_argument("--dtype", help="KV dtype (bfloat16)")
+    g.add_argument("--hidden", type=int, help="bench model hidden size (4096)")
+    g.add_argument("--weight-layers", type=int, help="bench model weight matrices read per step (32)")
+    g.add_argument("--width-mult", type=int, help="each weight matrix is [hidden, hidden*width_mult] (13: ~8B params)")
+    g.add_argument("--page-sizes", type=_ints, help="page sizes for the transfer section (16,64)")
+    g.add_argument("--runs", type=_ints, help="run lengths in pages for the transfer section (1,8,64)")
+    g.add_argument("--transfer-mib", type=int, help="bytes moved per transfer measurement (512 MiB)")
+    g.add_argument("--chunk-mib", type=int, help="chunk of the proposed pipelined path (32 MiB)")
+    g.add_argument("--reps", type=int, help="repetitions per timing, after one warm-up (5)")
+    g.add_argument("--overlap-page-size", type=int, help="page size for overlap and ITL (16)")
+    g.add_argument("--overlap-width-mult", type=int, help="width_mult of the overlap section's model: a longer, GPU-bound batch (40)")
+    g.add_argument("--decode-batch", type=int, help="decoding requests for overlap and ITL (16)")
+    g.add_argument("--context", type=int, help="context tokens per decoding request (1024)")
+    g.add_argument("--restore-pages", type=int, help="pages restored per step in the overlap section (64)")
+    g.add_argument("--writeback-pages", type=int, help="pages per background backup in the ITL section (64)")
+    g.add_argument("--steps", type=int, help="decode steps per timed loop (30)")
+    g.add_argument("--rounds", type=int, help="alternating quiet/write-back rounds (3)")
+    g.add_argument("--timeline-steps", type=int, help="two-phase steps in each timeline trace (4)")
+    g.add_argument("--cpu-batches", type=_ints, help="batch sizes for the cpu section (1,16,64,256)")
+    g.add_argument("--cpu-steps", type=int, help="timed decode steps per batch size (64)")
+    g.add_argument("--cpu-warmup", type=int, help="untimed decode steps first (8)")
+    g.add_argument("--cpu-context", type=int, help="context tokens per request before the timed steps (1024)")
+    g.add_argument("--cpu-page-size", type=int, help="page size for the cpu section (16)")
+
+
+#: (full run on CUDA, --quick on CUDA, CPU, --quick on CPU)
+DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
+    "layers": (32, 32, 4, 2),
+    "kv_heads": (8, 8, 2, 2),
+    "head_dim": (128, 128, 32, 16),
+    "dtype": ("bfloat16", "bfloat16", "float32", "float32"),
+    "hidden": (4096, 4096, 256, 64),
+    "weight_layers": (32, 32, 4, 2),
+    "width_mult": (13, 13, 4, 2),
+    "page_sizes": ([16, 64], [16, 64], [16, 64], [16, 64]),
+    "runs": ([1, 8, 64], [1, 8, 64], [1, 8, 64], [1, 8, 64]),
+    "transfer_mib": (512, 256, 32, 2),
+    "chunk_mib": (32, 32, 4, 1),
+    "reps": (5, 2, 3, 1),
+    "overlap_page_size": (16, 16, 16, 16),
+    "decode_batch": (16, 16, 8, 4),
+    "context": (1024, 1024, 256, 64),
+    "restore_pages": (384, 384, 16, 4),
+    "overlap_width_mult": (40, 40, 4, 2),
+    "writeback_pages": (64, 64, 8, 4),
+    "steps": (30, 10, 10, 4),
+    "rounds": (3, 2, 2, 1),
+    "timeline_steps": (4, 4, 0, 0),
+    "cpu_batches": ([1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256]),
+    "cpu_steps": (24, 8, 16, 4),
+    "cpu_warmup": (4, 2, 2, 1),
+    "cpu_context": (1024, 1024, 256, 32),
+    "cpu_page_size": (16, 16, 16, 16),
+}
+
+
+def resolve(args: argparse.Namespace, cuda: bool) -> argparse.Namespace:
+    column = (0 if not args.quick else 1) if cuda else (2 if not args.quick else 3)
+    for name, values in DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, values[column])
+    return args
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from cacheruntime.bench import report
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    resolve(args, device.type == "cuda")
+    sections = [s for s in args.only.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        print(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    torch.manual_seed(args.seed)
+    rows: list[report.Row] = []
+    failures: list[report.Failure] = []
+
+    @contextlib.contextmanager
+    def guard(section: str, what: str):
+        try:
+            yield
+        except Exception as error:  # one failed measurement must not lose the others
+            traceback.print_exc()
+            failures.append(report.Failure(section, what, f"{type(error).__name__}: {error}"))
+
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["cacheruntime", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else " ".join(sys.argv),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "quick": bool(args.quick),
+        "config": {k: getattr(args, k) for k in DEFAULTS},
+    }
+    print(f"cacheruntime bench on {meta['device_name']} ({device}), torch {torch.__version__}, quick={args.quick}", flush=True)
+    clock = None
+    traces: dict[str, Any] = {}
+    started = time.perf_counter()
+    for section in sections:
+        t0 = time.perf_counter()
+        with guard(section, "section"):
+            if section == "transfer":
+                from cacheruntime.bench import harness, transfers
+
+                clock = clock or harness.Clock(device)
+                transfers.run(args, device, clock, rows, guard)
+            elif section == "overlap":
+                from cacheruntime.bench import overlap
+
+                if args.timeline is None:
+                    args.timeline_steps = 0
+                overlap.run(args, device, rows, guard, traces)
+            elif section == "itl":
+                from cacheruntime.bench import itl
+
+                itl.run(args, device, rows, guard)
+            elif section == "cpu":
+                from cacheruntime.bench import cpucost
+
+                cpucost.run(args, device, rows, guard)
+        print(f"[{section}: {time.perf_counter() - t0:.1f} s]", flush=True)
+    if traces and args.timeline:
+        with guard("timeline", "export"):
+            from cacheruntime.bench import timeline
+
+            meta["timeline"] = timeline.export(traces, args.timeline)
+    meta["seconds"] = time.perf_counter() - started
+    print()
+    print(report.table(rows, failures))
+    if args.json:
+        report.write_json(args.json, meta, rows, failures)
+    print(f"\n{len(rows)} measurements, {sum(1 for r in rows if r.met)} targets met, {len(failures)} failures")
+    return 1 if failures else 0

@@ -1,0 +1,288 @@
+"""What every part of the bench shares: the clock, the runtime it builds, the models it runs.
+
+The bench drives `LocalGPURuntime` through the protocol (`cacheruntime.protocol`) and
+reaches inside it in exactly three documented places, none of which changes the
+runtime's code:
+
+- `runtime._runner` is replaced by a bench model (`BenchRunner`: a decode step shaped like
+  an 8B model, weights read once per step, every token's KV written and the context read
+  through ReqToToken; or `NullRunner`: no compute, to isolate bookkeeping). The runtime's
+  ordering, bookkeeping and transfers are untouched.
+- the free lists in `runtime._state.pools` are reordered (`fragment_free_list`) so that the
+  allocator hands out pages in scattered runs of a chosen length, as a long-running
+  server's fragmented pools do. Which free page the allocator returns is the runtime's
+  choice and invisible to control, so this only picks a realistic starting state.
+- `runtime._memory` is read to time the runtime's own transfer routines alone (data path)
+  and, for the proposed path, its `restore`/`backup` are overridden on the instance with
+  `cacheruntime.bench.proposed`.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cacheruntime.protocol import Tier
+
+
+class Clock:
+    """Wall clock and device-event timing for one device."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def wall(self, fn: Callable[[], Any]) -> float:
+        """Seconds `fn` took on the host, from an idle device until it returned (and the device is idle)."""
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - t0
+
+    def gpu(self, fn: Callable[[], Any], stream: Any = None) -> float:
+        """Seconds of device time between events around `fn` on `stream` (a side stream by default).
+
+        On CPU: wall clock.
+        """
+        if not self.cuda:
+            return self.wall(fn)
+        stream = stream or torch.cuda.Stream(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.sync()
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            fn()
+            end.record(stream)
+        end.synchronize()
+        self.sync()
+        return start.elapsed_time(end) / 1000.0
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor -> device without blocking the host (pinned, non_blocking) on CUDA."""
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------
+# Free-list fragmentation
+# --------------------------------------------------------------------------------------
+
+
+def scattered_runs(pages: list[int], run: int, needed: int, rng: random.Random) -> list[int]:
+    """Reorder `pages` so that the first `needed` form runs of exactly `run` consecutive pages.
+
+    The runs are taken from blocks of `run` consecutive pages, every other block only, so
+    that two runs are never adjacent (coalescing cannot merge them), in random order.
+    The remaining pages follow, in ascending order.
+    """
+    pages = sorted(pages)
+    blocks = []
+    i = 0
+    while i + run <= len(pages):
+        block = pages[i : i + run]
+        if block[-1] - block[0] == run - 1:
+            blocks.append(block)
+            i += 2 * run  # skip the next block: runs are never adjacent
+        else:
+            i += 1
+    want = -(-needed // run)
+    if len(blocks) < want:
+        raise ValueError(f"{len(pages)} free pages hold {len(blocks)} separated runs of {run}; {want} needed")
+    chosen = rng.sample(blocks, want)
+    head = [p for block in chosen for p in block]
+    used = set(head)
+    return head + [p for p in pages if p not in used]
+
+
+def fragment_free_list(runtime: Any, tier: Tier, run: int, needed: int, rng: random.Random) -> None:
+    """Make the runtime's allocator hand out its next `needed` `tier` pages in scattered runs of `run`."""
+    pool = runtime._state.pools[tier]
+    pool.free[:] = scattered_runs(list(pool.free), run, needed, rng)
+
+
+# --------------------------------------------------------------------------------------
+# Models the bench runs inside the runtime
+# --------------------------------------------------------------------------------------
+
+
+class NullRunner:
+    """No compute: one token per item, for measuring the boundary's bookkeeping alone."""
+
+    tagged = False
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def forward(self, memory: Any, table: torch.Tensor, items: list) -> torch.Tensor:
+        return torch.zeros(len(items), dtype=torch.long, device=self.device)
+
+    def finish(self, outputs: list, items: list) -> list[int]:
+        return [int(t) for t in outputs]
+
+
+class BenchRunner:
+    """A decode step shaped like a dense 8B model on the runtime's paged KV.
+
+    Per batch: every new token's K and V is written in every layer at the location the
+    ReqToToken table gives; every item's whole context (`0 .. end-1`) is read back through
+    the table (the bytes attention reads); and `layers` weight matrices of
+    `[hidden, hidden * width_mult]` are read once (a batched GEMV, the memory-bound part of
+    decode). Without a context read (`read_context=False`) it is a prefill writer.
+    """
+
+    tagged = False
+
+    def __init__(
+        self,
+        device: torch.device,
+        kv_shape: tuple[int, ...],
+        *,
+        hidden: int,
+        weight_layers: int,
+        width_mult: int,
+        max_new_tokens: int,
+        dtype: torch.dtype,
+        seed: int = 0,
+        read_context: bool = True,
+    ):
+        self.device = device
+        self.read_context = read_context
+        gen = torch.Generator(device=device).manual_seed(seed)
+        layers, two, _, _, heads, head_dim = kv_shape
+        self.hidden = hidden
+        self.weights = [
+            torch.randn(hidden, hidden * width_mult, generator=gen, device=device, dtype=dtype) * hidden**-0.5
+            for _ in range(weight_layers)
+        ]
+        self.x = torch.randn(512, hidden, generator=gen, device=device, dtype=dtype)
+        self.kv_values = torch.randn(layers, two, max_new_tokens, heads, head_dim, generator=gen, device=device, dtype=dtype)
+        #: when a list, each forward appends CUDA events (host launch, compute start, compute end)
+        self.marks: list[tuple[Any, Any, Any]] | None = None
+        self._idle = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _mark(self) -> tuple[Any, Any] | None:
+        """Events for `exposure`: one on an idle stream (completes at once: the host's launch
+        time on the GPU clock) and one on the compute stream (when compute really starts,
+        after the runtime's waits for KV_READY)."""
+        if self.marks is None or self._idle is None:
+            return None
+        launch, start = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        launch.record(self._idle)
+        start.record()
+        return launch, start
+
+    def forward(self, memory: Any, table: torch.Tensor, items: list) -> torch.Tensor:
+        marks = self._mark()
+        out = self._forward(memory, table, items)
+        if marks is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.marks.append((*marks, end))
+        return out
+
+    def _forward(self, memory: Any, table: torch.Tensor, items: list) -> torch.Tensor:
+        layers, two, pages, page_size, heads, head_dim = memory.l1.shape
+        kv = memory.l1.view(layers, two, pages * page_size, heads, head_dim)
+        rows = [it.slot for it in items for _ in range(it.start, it.end)]
+        cols = [pos for it in items for pos in range(it.start, it.end)]
+        index = to_device(torch.tensor([rows, cols], dtype=torch.long), self.device)
+        new = table[index[0], index[1]].long()
+        count, have = new.numel(), self.kv_values.shape[2]
+        if count <= have:
+            values = self.kv_values[:, :, :count]
+        else:
+            values = self.kv_values.index_select(2, torch.arange(count, device=self.device) % have)
+        kv.index_copy_(2, new, values)
+        score = torch.zeros((), device=self.device, dtype=torch.float32)
+        if self.read_context:
+            context = torch.cat([table[it.slot, : it.end] for it in items]).long()
+            score = kv.index_select(2, context).sum(dtype=torch.float32)
+        x = self.x[: len(items)]
+        for weight in self.weights:
+            x = torch.tanh((x @ weight)[:, : self.hidden])
+        return (x.float().sum(dim=1) + score).abs().long() % 1000
+
+    def finish(self, outputs: list, items: list) -> list[int]:
+        return [int(t) for t in outputs]
+
+
+def kv_config(args: Any, tiny: bool = False) -> Any:
+    """The runtime's DecoderConfig with the KV shape under test (the runner itself is replaced).
+
+    `tiny`: a minimal KV shape, for measurements of bookkeeping alone.
+    """
+    from cacheruntime.runtime.runner import DecoderConfig
+
+    if tiny:
+        return DecoderConfig(vocab=97, hidden=16, layers=1, heads=1, head_dim=8, mlp=16, dtype="float32")
+    return DecoderConfig(vocab=97, hidden=16, layers=args.layers, heads=args.kv_heads, head_dim=args.head_dim, mlp=16, dtype=args.dtype)
+
+
+def make_runtime(args: Any, device: torch.device, tiny_kv: bool = False, **sizes: Any) -> Any:
+    """A LocalGPURuntime with the bench's KV shape; `sizes` are its constructor's pool sizes."""
+    from cacheruntime.runtime.local import LocalGPURuntime
+
+    config = kv_config(args, tiny=tiny_kv)
+    return LocalGPURuntime(runtime_id="bench", device=str(device), runner="tiny", config=config, seed=args.seed, **sizes)
+
+
+def exposure(marks: list[tuple[Any, Any, Any]]) -> tuple[list[float], list[float]]:
+    """Per batch after the first: seconds the compute stream waited beyond what it had to
+    (start - max(host launch, previous compute end)), and the compute's own seconds."""
+    waited, busy = [], []
+    for (_, _, prev_end), (launch, start, end) in zip(marks, marks[1:]):
+        late = min(launch.elapsed_time(start), prev_end.elapsed_time(start)) / 1000.0
+        waited.append(max(late, 0.0))
+        busy.append(start.elapsed_time(end) / 1000.0)
+    return waited, busy
+
+
+def set_runner(runtime: Any, runner: Any) -> None:
+    """Replace the runtime's model (see the module docstring)."""
+    if not hasattr(runtime, "_runner"):
+        raise RuntimeError("LocalGPURuntime has no _runner attribute any more; update cacheruntime.bench.harness")
+    runtime._runner = runner
+
+
+def bench_runner(args: Any, device: torch.device, runtime: Any, *, read_context: bool, max_new_tokens: int, width_mult: int | None = None) -> BenchRunner:
+    return BenchRunner(
+        device,
+        tuple(runtime._memory.l1.shape),
+        hidden=args.hidden,
+        weight_layers=args.weight_layers if read_context else 0,
+        width_mult=width_mult or args.width_mult,
+        max_new_tokens=max_new_tokens,
+        dtype=getattr(torch, args.dtype),
+        seed=args.seed,
+        read_context=read_context,
+    )
+
+
+def close_runtime(runtime: Any) -> None:
+    try:
+        runtime.close()
+    finally:
+        free_memory()

@@ -1,0 +1,140 @@
+"""Decode inter-token latency with background write-back running, against none.
+
+B requests decode one token a step. In the write-back steps every plan also carries
+`Backup` of one request's published prefix (`writeback_pages` pages), and `Drop`s the host
+copies of the ones whose completion was reported (so the next backup moves them again):
+the D2H stream is kept busy in the background, as a write-through HiCache keeps it. The
+quiet and write-back blocks alternate (`rounds` times) so drift cancels. ITL = the host
+time of one step (prepare + execute + poll), mean over the steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from cacheruntime.bench.decode import Decode, timed
+from cacheruntime.bench.proposed import PipelinedTransfers
+from cacheruntime.bench.report import Row
+from cacheruntime.protocol import Backup, BatchPlan, Drop
+
+SECTION = "itl"
+
+
+class WriteBack:
+    def __init__(self, decode: Decode, pages: int):
+        rt = self.rt = decode.rt
+        self.d = decode
+        self.extents = {}
+        for r in decode.requests:
+            x = rt.publish(r, 0, pages)
+            self.extents[x.generation] = x
+        self.state = dict.fromkeys(self.extents, "idle")
+        self.order = list(self.extents)
+        self.next = 0
+        self.moved = 0
+
+    def intents(self) -> tuple[Any, ...]:
+        out: list[Any] = []
+        for g, s in self.state.items():
+            if s == "backed":
+                out.append(Drop(self.extents[g]))
+                self.state[g] = "dropping"
+        for _ in range(len(self.order)):
+            g = self.order[self.next % len(self.order)]
+            self.next += 1
+            if self.state[g] == "idle":
+                out.append(Backup(self.extents[g]))
+                self.state[g] = "inflight"
+                break
+        return tuple(out)
+
+    def after_execute(self) -> None:
+        for g, s in self.state.items():
+            if s == "dropping":
+                self.state[g] = "idle"
+
+    def completed(self, completions: tuple[Any, ...]) -> None:
+        for c in completions:
+            g = c.ticket.extent_generation
+            if self.state.get(g) == "inflight":
+                self.state[g] = "backed"
+                self.moved += c.ticket.page_count
+
+    def drain(self) -> None:
+        self.completed(self.rt.wait_completions())
+        drops = [Drop(self.extents[g]) for g, s in self.state.items() if s == "backed"]
+        if drops:
+            self.rt.submit(tuple(drops))
+        self.state = dict.fromkeys(self.extents, "idle")
+
+
+def steps(d: Decode, n: int, wb: WriteBack | None) -> list[float]:
+    rt = d.rt
+    times = []
+    for _ in range(n):
+
+        def step() -> None:
+            intents = wb.intents() if wb else ()
+            rt.execute_batch(rt.prepare_batch(BatchPlan(d.decode_items(), intents)))
+            if wb:
+                wb.after_execute()
+            done = rt.poll_completions()
+            if wb:
+                wb.completed(done)
+
+        times.append(timed(step))
+    if wb:
+        wb.drain()
+    d.sync()
+    return times
+
+
+def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
+    growth = 2 * (2 * args.rounds * args.steps + 8) + 64
+    wb_pages = min(args.writeback_pages, args.context // args.overlap_page_size)
+    d = Decode(args, device, extents=0, extent_pages=1, growth=growth, l2_extra=4 * wb_pages)
+    try:
+        wb = WriteBack(d, wb_pages)
+        steps(d, 2, None)
+        steps(d, 2, wb)
+        for path in ("runtime", "proposed"):
+            with guard(SECTION, path):
+                if path == "proposed":
+                    PipelinedTransfers(d.rt._memory, chunk_bytes=args.chunk_mib << 20).install()
+                    steps(d, 2, wb)
+                quiet: list[float] = []
+                busy: list[float] = []
+                wb.moved = 0
+                for _ in range(args.rounds):
+                    quiet += steps(d, args.steps, None)
+                    busy += steps(d, args.steps, wb)
+                mq, mb = statistics.mean(quiet), statistics.mean(busy)
+                rows.append(
+                    Row(
+                        SECTION,
+                        f"decode ITL with background write-back ({path})",
+                        "ms",
+                        mb * 1e3,
+                        mq * 1e3,
+                        "no write-back",
+                        "ratio",
+                        "<=",
+                        1.03,
+                        {
+                            "path": path,
+                            "decode_batch": args.decode_batch,
+                            "context": args.context,
+                            "writeback_pages_per_backup": wb_pages,
+                            "writeback_bytes_per_s": wb.moved * d.page_bytes / sum(busy),
+                            "quiet_p50_ms": statistics.median(quiet) * 1e3,
+                            "busy_p50_ms": statistics.median(busy) * 1e3,
+                            "quiet_max_ms": max(quiet) * 1e3,
+                            "busy_max_ms": max(busy) * 1e3,
+                        },
+                    )
+                )
+    finally:
+        d.close()

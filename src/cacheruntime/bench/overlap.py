@@ -1,0 +1,270 @@
+"""Overlap: how much restore time stays exposed when control prepares batch N+1 during N.
+
+Workload: B decoding requests, and each step admits one new request whose prefix (an
+extent of `restore_pages` pages, demoted to L2) must be restored and attached: the plan
+is `Restore(x)` + the B decode items + the new item attaching `x` + `Close(new)` +
+`Demote(previous x)`. Three loops over the same steps, same compute:
+
+- *compute only*: the extents stay resident (no restores): step time `Tc`;
+- *two-phase*: `prepare_batch(N+1)` (which starts N+1's restore) is issued before
+  `execute_batch(N)`, so the H2D can run under compute(N): step time `T2`;
+- *one-phase*: each batch is prepared right before it executes, so its restore has
+  nothing to hide under: step time `T1`.
+
+The transfer alone (`submit(Restore)` + `wait_completions` on an idle GPU) takes `Tx`.
+On CUDA the exposure is read off the compute stream itself: the bench model records an
+event when compute really starts (after the runtime's KV_READY waits), one on an idle
+stream at the host's launch, and one at compute end; the wait beyond max(launch, previous
+compute end), minus the same wait in the compute-only loop, plus the host time the restore's
+launch blocked control (a blocking launch delays the launch of compute), over the restore's
+GPU time, is the exposed fraction. On CPU: (T - Tc) / Tx from step times. Floored at 0.001
+(timer resolution). Two-phase is the value (target <= 5% when the transfer fits under
+compute(N)), one-phase the baseline.
+Then again with the proposed transfer path installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from cacheruntime.bench.decode import Decode, timed
+from cacheruntime.bench.harness import Clock, exposure, median
+from cacheruntime.bench.proposed import PipelinedTransfers
+from cacheruntime.bench.report import Row
+from cacheruntime.protocol import BatchItem, BatchPlan, Close, Demote, Restore
+
+SECTION = "overlap"
+FLOOR = 1e-3
+
+
+class OverlapLoop:
+    def __init__(self, decode: Decode):
+        self.d = decode
+        self.rt = decode.rt
+        self.step_no = 0
+
+    def _plan(self, i: int, new: Any, restore: bool) -> BatchPlan:
+        xs = self.d.extents
+        x = xs[i % len(xs)]
+        intents: list[Any] = []
+        if restore:
+            intents.append(Restore(x))
+        intents.append(Close(new))
+        if restore and i > 0:
+            intents.append(Demote(xs[(i - 1) % len(xs)]))
+        items = self.d.decode_items() + (BatchItem(new, (1,), attach=(x,)),)
+        return BatchPlan(items, tuple(intents))
+
+    def run(self, steps: int, *, mode: str, marker: Any = None) -> float:
+        """Seconds per step of `steps` steps in `mode` ("compute", "two-phase", "one-phase")."""
+        rt, d = self.rt, self.d
+        restore = mode != "compute"
+        mark = marker or (lambda name: contextlib.nullcontext())
+        if not restore:
+            rt.submit(tuple(Restore(x) for x in d.extents))
+            rt.wait_completions()
+        d.sync()
+        if mode == "one-phase":
+
+            def loop() -> None:
+                for i in range(steps):
+                    with mark(f"prepare {i}"):
+                        h = rt.prepare_batch(self._plan(i, rt.open_request(), restore))
+                    with mark(f"execute {i}"):
+                        rt.execute_batch(h)
+                    rt.poll_completions()
+
+        else:
+
+            def loop() -> None:
+                with mark("prepare 0"):
+                    h = rt.prepare_batch(self._plan(0, rt.open_request(), restore))
+                for i in range(steps):
+                    with mark(f"prepare {i + 1}"):
+                        h_next = rt.prepare_batch(self._plan(i + 1, rt.open_request(), restore))
+                    with mark(f"execute {i}"):
+                        rt.execute_batch(h)
+                    rt.poll_completions()
+                    h = h_next
+                self._tail = h
+
+        self._tail = None
+        seconds = timed(loop)
+        d.sync()
+        if self._tail is not None:
+            rt.execute_batch(self._tail)  # the batch prepared ahead, untimed
+        last = steps if mode != "one-phase" else steps - 1
+        rt.wait_completions()
+        if restore:
+            rt.submit((Demote(d.extents[last % len(d.extents)]),))
+        else:
+            rt.submit(tuple(Demote(x) for x in d.extents))
+        rt.wait_completions()
+        return seconds / steps
+
+    def transfer_alone(self, reps: int) -> float:
+        rt, x = self.rt, self.d.extents[0]
+        times = []
+        for _ in range(reps + 1):
+            self.d.sync()
+            times.append(timed(lambda: (rt.submit((Restore(x),)), rt.wait_completions())))
+            rt.submit((Demote(x),))
+        return median(times[1:])
+
+
+def _mode(loop: OverlapLoop, steps: int, mode: str) -> dict[str, float]:
+    """Step time, and on CUDA the compute stream's measured waits, of `steps` steps in `mode`."""
+    runner, mem = loop.rt._runner, loop.rt._memory
+    runner.marks = [] if loop.d.device.type == "cuda" else None
+    own, inner = mem.__dict__.get("restore"), mem.restore
+    blocked = [0.0, 0]
+
+    def restore(src: list[int], dst: list[int]) -> None:  # host time spent issuing the restore
+        t0 = time.perf_counter()
+        inner(src, dst)
+        blocked[0] += time.perf_counter() - t0
+        blocked[1] += 1
+
+    mem.restore = restore
+    try:
+        step = loop.run(steps, mode=mode)
+        marks = runner.marks or []
+    finally:
+        runner.marks = None
+        if own is None:
+            del mem.restore
+        else:
+            mem.restore = own
+    out = {"step_s": step, "blocked_s": blocked[0] / max(blocked[1], 1)}
+    if marks:
+        waited, busy = exposure(marks[: steps + (0 if mode == "one-phase" else 1)])
+        out["waited_s"] = statistics.mean(waited)
+        out["compute_s"] = statistics.mean(busy)
+    return out
+
+
+def run(args: Any, device: torch.device, rows: list[Row], guard: Any, traces: dict[str, Any]) -> None:
+    extents = 4
+    growth = 8 * (args.steps + 2) + 64 + 4 * args.timeline_steps + 16
+    d = Decode(args, device, extents=extents, extent_pages=args.restore_pages, growth=growth, width_mult=args.overlap_width_mult)
+    clock = Clock(device)
+    try:
+        loop = OverlapLoop(d)
+        loop.run(2, mode="two-phase")  # warm up every path once
+        loop.run(2, mode="one-phase")
+        loop.run(2, mode="compute")
+        mem = d.rt._memory
+        l1_total, pages = mem.l1.shape[2], args.restore_pages
+        src, dst = list(range(pages)), list(range(l1_total - pages, l1_total))
+        for path in ("runtime", "proposed"):
+            with guard(SECTION, path):
+                if path == "proposed":
+                    PipelinedTransfers(mem, chunk_bytes=args.chunk_mib << 20).install()
+                    loop.run(2, mode="two-phase")
+                # the restore alone on the GPU (this path's routine, CUDA events on a side stream)
+                gpu_tx = median([clock.gpu(lambda: mem.restore(src, dst)) for _ in range(args.reps + 1)][1:])
+                compute = _mode(loop, args.steps, "compute")
+                two = _mode(loop, args.steps, "two-phase")
+                one = _mode(loop, args.steps, "one-phase")
+                compute2 = _mode(loop, args.steps, "compute")
+                tc = (compute["step_s"] + compute2["step_s"]) / 2  # bracket the restore loops
+                tx = loop.transfer_alone(args.reps)
+                detail = {
+                    "path": path,
+                    "compute_only_step_s": tc,
+                    "two_phase_step_s": two["step_s"],
+                    "one_phase_step_s": one["step_s"],
+                    "restore_alone_protocol_s": tx,
+                    "restore_alone_gpu_s": gpu_tx,
+                    "restore_bytes": pages * d.page_bytes,
+                    "decode_batch": args.decode_batch,
+                    "context": args.context,
+                    "step_time_exposed_two_phase": (two["step_s"] - tc) / tx,
+                    "step_time_exposed_one_phase": (one["step_s"] - tc) / tx,
+                }
+                if "waited_s" in two:
+                    # CUDA: the compute stream's own waits, beyond those of the compute-only loop
+                    floor = (compute["waited_s"] + compute2["waited_s"]) / 2
+                    e2 = (two["waited_s"] - floor) / gpu_tx
+                    e1 = (one["waited_s"] - floor) / gpu_tx
+                    detail.update(
+                        method="compute-stream wait beyond launch (CUDA events) / restore GPU time",
+                        host_blocked_per_restore_two_phase_s=two["blocked_s"],
+                        host_blocked_per_restore_one_phase_s=one["blocked_s"],
+                        compute_gpu_s=two["compute_s"],
+                        waited_two_phase_s=two["waited_s"],
+                        waited_one_phase_s=one["waited_s"],
+                        waited_compute_only_s=floor,
+                        transfer_fits_under_compute=gpu_tx < two["compute_s"],
+                    )
+                else:
+                    e2, e1 = detail["step_time_exposed_two_phase"], detail["step_time_exposed_one_phase"]
+                    detail.update(method="step time (two-phase or one-phase - compute only) / restore time", transfer_fits_under_compute=tx < tc)
+                detail.update(raw_two_phase=e2, raw_one_phase=e1)
+                rows.append(
+                    Row(
+                        SECTION,
+                        f"overlap: exposed restore / transfer time, two-phase ({path})",
+                        "frac",
+                        max(e2, FLOOR),
+                        max(e1, FLOOR),
+                        "one-phase",
+                        "value",
+                        "<=",
+                        0.05,
+                        detail,
+                    )
+                )
+                rows.append(
+                    Row(
+                        SECTION,
+                        f"overlap: host blocked issuing a restore in prepare_batch ({path})",
+                        "ms",
+                        max(two["blocked_s"], 1e-6) * 1e3,
+                        gpu_tx * 1e3,
+                        "restore GPU time",
+                        "ratio",
+                        "<=",
+                        0.05,
+                        {"path": path, "one_phase_blocked_s": one["blocked_s"], "two_phase_blocked_s": two["blocked_s"]},
+                    )
+                )
+        if args.timeline_steps and device.type == "cuda":
+            with guard(SECTION, "timeline"):
+                capture(loop, 1, "warm-up")  # the profiler's first sessions lose GPU timestamps: warm it up
+                capture(loop, 1, "warm-up")
+                own = {k: mem.__dict__.pop(k) for k in ("restore", "backup") if k in mem.__dict__}
+
+                def both() -> None:
+                    loop.run(args.timeline_steps, mode="two-phase", marker=_marker("runtime"))
+                    mem.__dict__.update(own)
+                    loop.run(args.timeline_steps, mode="two-phase", marker=_marker("proposed"))
+
+                traces["two-phase"] = (capture_fn(both), ["runtime", "proposed"])
+    finally:
+        d.close()
+
+
+def _marker(label: str) -> Any:
+    from torch.profiler import record_function
+
+    return lambda name: record_function(f"bench: {label} {name}")
+
+
+def capture_fn(fn: Any) -> Any:
+    """A profiler trace (CPU markers + CUDA kernels and copies) of `fn()`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return prof
+
+
+def capture(loop: OverlapLoop, steps: int, label: str) -> Any:
+    return capture_fn(lambda: loop.run(steps, mode="two-phase", marker=_marker(label)))

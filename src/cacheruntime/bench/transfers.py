@@ -1,0 +1,165 @@
+"""Restore (L2 -> L1) and backup (L1 -> L2) throughput of scattered page runs.
+
+For each page size and run length, one extent of `transfer_mib` worth of pages is
+prefilled, published, backed up and demoted through the protocol, with the runtime's free
+lists fragmented so that both its device pages and its host pages lie in scattered runs of
+exactly `run` pages. Then, against a plain pinned `copy_` of one contiguous buffer of the
+same bytes (raw cudaMemcpy), measured in the same run:
+
+- *protocol*: `submit((Restore(x),))` + `wait_completions()` (and Drop + Backup), host clock
+  from an idle device until the completion is reported: what control sees;
+- *data path*: the runtime's `KVMemory.restore`/`backup` alone on the same physical page
+  lists, CUDA events on a side stream: the copy routine without bookkeeping;
+- the same two with the proposed path (`cacheruntime.bench.proposed`) installed.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from cacheruntime.bench.harness import (
+    Clock,
+    bench_runner,
+    close_runtime,
+    fragment_free_list,
+    make_runtime,
+    median,
+    scattered_runs,
+    set_runner,
+)
+from cacheruntime.bench.proposed import PipelinedTransfers
+from cacheruntime.bench.report import Row
+from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Demote, Drop, Restore, Tier
+
+SECTION = "transfer"
+
+
+def run(args: Any, device: torch.device, clock: Clock, rows: list[Row], guard: Any) -> None:
+    for page_size in args.page_sizes:
+        with guard(SECTION, f"page_size={page_size}"):
+            _page_size(args, device, clock, rows, guard, page_size)
+
+
+def _page_bytes(args: Any, page_size: int) -> int:
+    return args.layers * 2 * page_size * args.kv_heads * args.head_dim * torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+
+
+def _page_size(args: Any, device: torch.device, clock: Clock, rows: list[Row], guard: Any, page_size: int) -> None:
+    page_bytes = _page_bytes(args, page_size)
+    longest = max(args.runs)
+    pages = max(longest, (args.transfer_mib << 20) // page_bytes)
+    pages = -(-pages // longest) * longest  # whole runs of every length
+    nbytes = pages * page_bytes
+    pool = 2 * pages + 2 * longest
+    rt = make_runtime(args, device, page_size=page_size, max_requests=2, max_request_tokens=pages * page_size, l1_pages=pool, l2_pages=pool)
+    try:
+        set_runner(rt, bench_runner(args, device, rt, read_context=False, max_new_tokens=min(pages * page_size, 4096)))
+        base_h2d, base_d2h = _baselines(args, device, clock, nbytes)
+        rng = random.Random(args.seed)
+        mem = rt._memory
+        for run_len in args.runs:
+            with guard(SECTION, f"page_size={page_size} run={run_len}"):
+                _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, base_h2d, base_d2h, rng)
+    finally:
+        close_runtime(rt)
+
+
+def _baselines(args: Any, device: torch.device, clock: Clock, nbytes: int) -> tuple[float, float]:
+    """Raw pinned copies of one contiguous buffer of `nbytes`, each way, in seconds (median)."""
+    pin = device.type == "cuda"
+    host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8).pin_memory() if pin else torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    h2d = [clock.gpu(lambda: dev.copy_(host, non_blocking=True)) for _ in range(args.reps + 1)][1:]
+    d2h = [clock.gpu(lambda: host.copy_(dev, non_blocking=True)) for _ in range(args.reps + 1)][1:]
+    del host, dev
+    return median(h2d), median(d2h)
+
+
+def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, base_h2d, base_d2h, rng) -> None:
+    # An extent over `pages` pages whose device and host pages lie in scattered runs of `run_len`.
+    fragment_free_list(rt, Tier.L1, run_len, pages, rng)
+    fragment_free_list(rt, Tier.L2, run_len, pages, rng)
+    request = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(request, (1,) * (pages * page_size)),))))
+    extent = rt.publish(request, 0, pages)
+    rt.close_request(request)
+    rt.submit((Backup(extent),))
+    rt.wait_completions()
+    rt.submit((Demote(extent),))
+
+    def protocol_restore() -> float:
+        fragment_free_list(rt, Tier.L1, run_len, pages, rng)
+        seconds = clock.wall(lambda: (rt.submit((Restore(extent),)), rt.wait_completions()))
+        return seconds
+
+    def protocol_backup() -> float:
+        rt.submit((Drop(extent),))
+        fragment_free_list(rt, Tier.L2, run_len, pages, rng)
+        return clock.wall(lambda: (rt.submit((Backup(extent),)), rt.wait_completions()))
+
+    def measure_protocol() -> tuple[float, float]:
+        restores = []
+        for _ in range(args.reps + 1):
+            restores.append(protocol_restore())
+            rt.submit((Demote(extent),))
+        restores = restores[1:]
+        rt.submit((Restore(extent),))
+        rt.wait_completions()
+        backups = [protocol_backup() for _ in range(args.reps + 1)][1:]
+        rt.submit((Demote(extent),))  # back to host-only for the next measurement
+        return median(restores), median(backups)
+
+    # Physical page lists for the data-path timings, scattered the same way.
+    src_l2 = scattered_runs(list(range(mem.l2.shape[0])), run_len, pages, rng)[:pages]
+    dst_l1 = scattered_runs(list(range(mem.l1.shape[2])), run_len, pages, rng)[:pages]
+    kv_memory_cls = type(mem)
+
+    def measure_data_path(restore, backup) -> tuple[float, float]:
+        r = [clock.gpu(lambda: restore(src_l2, dst_l1)) for _ in range(args.reps + 1)][1:]
+        b = [clock.gpu(lambda: backup(dst_l1, src_l2)) for _ in range(args.reps + 1)][1:]
+        return median(r), median(b)
+
+    label = f"ps={page_size} run={run_len}"
+    detail = {"page_size": page_size, "run": run_len, "pages": pages, "bytes": nbytes, "page_bytes": mem.page_bytes}
+    gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
+    b_h2d, b_d2h = gbps(base_h2d), gbps(base_d2h)
+
+    def add(kind: str, what: str, seconds: float) -> None:
+        restore = kind == "restore"
+        rows.append(
+            Row(
+                SECTION,
+                f"{kind} {'L2->L1' if restore else 'L1->L2'} {label} {what}",
+                "GB/s",
+                gbps(seconds),
+                b_h2d if restore else b_d2h,
+                "pinned copy_ " + ("H2D" if restore else "D2H"),
+                "ratio",
+                ">=",
+                0.90,
+                dict(detail, path=what, seconds=seconds),
+            )
+        )
+
+    p_restore, p_backup = measure_protocol()
+    d_restore, d_backup = measure_data_path(lambda s, d: kv_memory_cls.restore(mem, s, d), lambda s, d: kv_memory_cls.backup(mem, s, d))
+    proposed = PipelinedTransfers(mem, chunk_bytes=args.chunk_mib << 20)
+    q_restore, q_backup = measure_data_path(proposed.restore, proposed.backup)
+    proposed.install()
+    try:
+        pp_restore, pp_backup = measure_protocol()
+    finally:
+        del mem.restore, mem.backup  # back to the runtime's own routines
+    for kind, proto, data, prop_proto, prop_data in (
+        ("restore", p_restore, d_restore, pp_restore, q_restore),
+        ("backup", p_backup, d_backup, pp_backup, q_backup),
+    ):
+        add(kind, "runtime (protocol)", proto)
+        add(kind, "runtime data path", data)
+        add(kind, "proposed (protocol)", prop_proto)
+        add(kind, "proposed data path", prop_data)
+    rt.release(extent)
+    rt.wait_completions()

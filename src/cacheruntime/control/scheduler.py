@@ -1,0 +1,365 @@
+"""Scheduler: one `BatchPlan` per step, prepared one step before it executes.
+
+Each step builds plan N+1 (decode items that append the previous output, prefill items
+that attach cached prefixes, and every intent: `Restore` for L2 hits, `Publish`,
+`Backup`, `Demote`, `Release`, `Close`), prepares it, and only then executes batch N, so
+the restores of N+1 run under N's compute. A step crosses the boundary a fixed number of
+times (`prepare_batch`, `execute_batch`, `poll_completions`): nothing here is per token
+(B1). The counts are measured by `BoundaryCounter`, not assumed.
+
+Page budget. A request is admitted only if the rows of all running requests, at their
+final length, plus the pages locks pin, fit L1: then evicting every unlocked tree page
+always makes room, so `OutOfPages` is a wait, never a deadlock. It is handled by a fixed
+ladder: execute the batch ahead (its intents free pages), then apply the pending tree
+intents at once and wait for the transfers that defer frees, then retry.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cacheruntime.control.tree import Acquired, Node, TreeCore, WritePolicy
+from cacheruntime.control.workload import RequestSpec, Source
+from cacheruntime.protocol import (
+    BatchCompletion,
+    BatchItem,
+    BatchPlan,
+    Capability,
+    Close,
+    Intent,
+    OutOfPages,
+    PreparedBatchHandle,
+    Publish,
+    Release,
+    RequestRuntimeHandle,
+    RuntimeInterface,
+    Tier,
+    TransferCompletion,
+    TransferKind,
+)
+
+#: Calls that belong to a scheduling step; each step makes a bounded number of them (B1).
+STEP_CALLS = frozenset({"info", "prepare_batch", "execute_batch", "cancel_batch", "poll_completions", "wait_completions", "submit"})
+#: Calls made per request (open) or per tree operation (split, release outside a plan).
+TREE_AND_REQUEST_CALLS = frozenset({"open_request", "close_request", "publish", "split", "retain", "release"})
+#: The most step calls one step can make: 4 prepares (first try and three retries), one
+#: execute for the batch ahead, two evict-now passes of one submit and one wait, one poll.
+MAX_STEP_CALLS = 10
+
+
+class BoundaryCounter:
+    """A runtime seen through a counter of every boundary call, by operation (B1)."""
+
+    def __init__(self, runtime: RuntimeInterface):
+        self._runtime = runtime
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._runtime, name)
+        if name not in STEP_CALLS | TREE_AND_REQUEST_CALLS:
+            return attribute
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return attribute(*args, **kwargs)
+
+        return counted
+
+
+class Unservable(ValueError):
+    """A request that can never run on this runtime (row or L1 too small); raised on arrival."""
+
+
+class SchedulerStuck(RuntimeError):
+    """The page ladder ran out: a bug in the page budget, reported with the numbers."""
+
+
+@dataclass
+class Stats:
+    """What the scheduler did, for the job's summary."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    computed_prompt_tokens: int = 0
+    hit_tokens_l1: int = 0
+    hit_tokens_l2: int = 0
+    restored_pages: int = 0
+    backed_up_pages: int = 0
+    batches: int = 0
+    steps: int = 0
+    out_of_pages: int = 0
+    step_calls: Counter = field(default_factory=Counter)  # calls in a step -> how many steps
+
+
+class _Running:
+    """A request between admission and its Close: handle, tokens, lock and page counts."""
+
+    __slots__ = ("spec", "handle", "tokens", "outputs", "planned", "reserved", "published", "lock", "row_pages", "matched", "tree_pages")
+
+    def __init__(self, spec: RequestSpec, handle: RequestRuntimeHandle, matched: int, lock: Node | None, row_pages: int):
+        self.spec = spec
+        self.handle = handle
+        self.tokens = list(spec.prompt)  # prompt and every output seen so far: the row's tokens, in order
+        self.outputs: list[int] = []
+        self.planned = 0  # outputs the batches planned so far will produce
+        self.reserved = 0  # row length once those batches ran
+        self.published = matched  # row pages already in the tree (attached) or asked to be (Publish)
+        self.lock = lock
+        self.row_pages = row_pages
+        self.matched = matched
+        self.tree_pages = 0  # own pages the tree adopted (then counted as tree pages, not private)
+
+    @property
+    def private_pages(self) -> int:
+        """Pages the row will hold at its final length that no tree node accounts for."""
+        return self.row_pages - self.matched - self.tree_pages
+
+
+@dataclass
+class _Batch:
+    """A plan with what the scheduler must do when its completion comes back."""
+
+    requests: list[_Running]
+    items: list[BatchItem]
+    item_intents: list[Intent]
+    restores: list[Intent]
+    tree_intents: tuple[Intent, ...]
+    publishes: list[tuple[_Running, int, int]]
+    closes: list[_Running]
+    acquired: list[Acquired]
+    handle: PreparedBatchHandle | None = None
+
+    @property
+    def plan(self) -> BatchPlan:
+        """The plan as it crosses: restores first (they start at prepare), then the rest in order."""
+        return BatchPlan(tuple(self.items), tuple(self.restores + self.item_intents) + self.tree_intents)
+
+
+class Scheduler:
+    """Builds, prepares and executes batches over a runtime; see the module docstring."""
+
+    def __init__(
+        self,
+        runtime: RuntimeInterface,
+        source: Source,
+        *,
+        write_policy: WritePolicy = WritePolicy.WRITE_THROUGH,
+        max_prefill_tokens: int = 256,
+        headroom_pages: int = 0,
+        on_token: Callable[[str, tuple[int, ...], int | None], None] | None = None,
+    ):
+        self.runtime = BoundaryCounter(runtime)
+        self.info = self.runtime.info()
+        l2 = self.info.l2_pages if Capability.L2 in self.info.capabilities else 0
+        self.tree = TreeCore(self.runtime, page_size=self.info.page_size, l2_pages=l2, write_policy=write_policy)
+        self.source = source
+        self.max_prefill_tokens = max_prefill_tokens
+        self.headroom_pages = headroom_pages
+        self.on_token = on_token
+        self.waiting: deque[RequestSpec] = deque()
+        self.running: list[_Running] = []
+        self.ahead: _Batch | None = None  # prepared, not executed
+        self.stats = Stats()
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def busy(self) -> bool:
+        """Whether any request is waiting, running, in a batch, or still to arrive."""
+        return bool(self.ahead or self.running or self.waiting or not self.source.exhausted())
+
+    def run(self, on_step: Callable[[Scheduler], None] | None = None) -> Stats:
+        """Step until the workload is served, then wait for the last transfers."""
+        while self.busy():
+            self.step()
+            if on_step is not None:
+                on_step(self)
+        self._account(self.runtime.wait_completions())
+        return self.stats
+
+    def step(self) -> None:
+        """Plan and prepare batch N+1, execute batch N, poll transfers (B1: a fixed few calls)."""
+        before = sum(n for op, n in self.runtime.calls.items() if op in STEP_CALLS)
+        for spec in self.source.arrivals(self.stats.steps):
+            self._check_servable(spec)
+            self.waiting.append(spec)
+        batch = self._build()
+        if batch is not None:
+            batch.handle = self._prepare(batch)
+            for acquired in batch.acquired:
+                self.tree.unpin(acquired)
+        if self.ahead is not None:
+            self._execute_ahead()
+        self.ahead = batch
+        self._account(self.runtime.poll_completions())
+        self.stats.steps += 1
+        after = sum(n for op, n in self.runtime.calls.items() if op in STEP_CALLS)
+        self.stats.step_calls[after - before] += 1
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _pages(self, tokens: int) -> int:
+        return -(-tokens // self.info.page_size)
+
+    def _check_servable(self, spec: RequestSpec) -> None:
+        length = len(spec.prompt) + spec.max_new_tokens - 1
+        if length > self.info.max_request_tokens:
+            raise Unservable(f"request {spec.request_id}: {length} tokens exceed max_request_tokens {self.info.max_request_tokens}")
+        if self._pages(length) > self.info.l1_pages:
+            raise Unservable(f"request {spec.request_id}: {self._pages(length)} pages exceed L1's {self.info.l1_pages}")
+
+    def _build(self) -> _Batch | None:
+        batch = _Batch([], [], [], [], (), [], [], [])
+        for r in self.running:
+            if 0 < r.planned < r.spec.max_new_tokens:
+                batch.requests.append(r)
+                batch.items.append(BatchItem(r.handle, append_previous_output=True))
+                r.planned += 1
+                r.reserved += 1
+                if r.planned == r.spec.max_new_tokens:
+                    self._finish(batch, r)
+        self._admit(batch)
+        if not batch.items:
+            return None
+        committed = self.tree.l1_pages() + sum(r.private_pages for r in self.running) + self.headroom_pages
+        self.tree.evict(committed - self.info.l1_pages)
+        batch.tree_intents = self.tree.take_intents()
+        return batch
+
+    def _admit(self, batch: _Batch) -> None:
+        """Prefill waiting requests in arrival order while slots, prefill tokens and pages allow."""
+        prefill_tokens = 0
+        ps = self.info.page_size
+        while self.waiting and len(self.running) < self.info.max_requests:
+            spec = self.waiting[0]
+            match = self.tree.match_prefix(spec.prompt)
+            compute = len(spec.prompt) - match.pages * ps
+            if prefill_tokens and prefill_tokens + compute > self.max_prefill_tokens:
+                return
+            row_pages = self._pages(len(spec.prompt) + spec.max_new_tokens - 1)
+            committed = (
+                sum(r.private_pages for r in self.running)
+                + row_pages
+                - match.pages
+                + self.tree.locked_pages()
+                + self.tree.unlocked_pages(match)
+            )
+            if committed > self.info.l1_pages:
+                return
+            self.waiting.popleft()
+            acquired = self.tree.acquire(match)
+            handle = self.runtime.open_request()
+            r = _Running(spec, handle, match.pages, acquired.node if acquired.attach else None, row_pages)
+            self.running.append(r)
+            batch.acquired.append(acquired)
+            batch.restores.extend(acquired.restores)
+            batch.requests.append(r)
+            batch.items.append(BatchItem(handle, spec.prompt[match.pages * ps :], acquired.attach))
+            r.planned, r.reserved = 1, len(spec.prompt)
+            prefill_tokens += compute
+            self.stats.requests += 1
+            self.stats.prompt_tokens += len(spec.prompt)
+            self.stats.computed_prompt_tokens += compute
+            self.stats.hit_tokens_l1 += match.l1_pages * ps
+            self.stats.hit_tokens_l2 += match.l2_pages * ps
+            if spec.max_new_tokens == 1:
+                self._finish(batch, r)
+            else:
+                self._publish(batch, r)
+
+    def _publish(self, batch: _Batch, r: _Running) -> None:
+        """Publish the row's full pages that the tree does not have yet (after this batch's compute)."""
+        full = r.reserved // self.info.page_size
+        if full > r.published:
+            batch.item_intents.append(Publish(r.handle, r.published, full - r.published))
+            batch.publishes.append((r, r.published, full - r.published))
+            r.published = full
+
+    def _finish(self, batch: _Batch, r: _Running) -> None:
+        self._publish(batch, r)
+        batch.item_intents.append(Close(r.handle))
+        batch.closes.append(r)
+
+    # -- preparing and executing ----------------------------------------------------------
+
+    def _prepare(self, batch: _Batch) -> PreparedBatchHandle:
+        """prepare_batch, with the OutOfPages ladder: run the batch ahead, then evict now and wait."""
+        ladder = ["execute ahead"] if self.ahead is not None else []
+        ladder += ["evict now", "evict now"]  # the second pass takes what the first one's wait unblocked
+        while True:
+            try:
+                return self.runtime.prepare_batch(batch.plan)
+            except OutOfPages as error:
+                if error.tier is not Tier.L1:
+                    raise
+                self.stats.out_of_pages += 1
+                if not ladder:
+                    raise SchedulerStuck(
+                        f"L1 still short after evicting everything unlocked: needs {error.needed}, has {error.free}; "
+                        f"running rows {sum(r.row_pages for r in self.running)} pages, locked tree pages {self.tree.locked_pages()}"
+                    ) from error
+                if ladder.pop(0) == "execute ahead":
+                    self._execute_ahead()
+                else:
+                    self._evict_now(batch, error.needed - error.free)
+
+    def _execute_ahead(self) -> None:
+        batch, self.ahead = self.ahead, None
+        completion = self.runtime.execute_batch(batch.handle)
+        self.stats.batches += 1
+        self._complete(batch, completion)
+
+    def _evict_now(self, batch: _Batch, short: int) -> None:
+        """Apply the batch's tree intents and more evictions standalone, then wait for deferred frees."""
+        self.tree.evict(short)
+        now = batch.tree_intents + self.tree.take_intents()
+        batch.tree_intents = ()
+        tier: list[Intent] = []
+        for intent in now + (None,):
+            if intent is None or isinstance(intent, Release):
+                if tier:
+                    self.runtime.submit(tuple(tier))
+                    tier = []
+                if intent is not None:
+                    self.runtime.release(intent.extent)
+            else:
+                tier.append(intent)
+        self.tree.intents_applied(now)
+        self._account(self.runtime.wait_completions())
+
+    def _complete(self, batch: _Batch, completion: BatchCompletion) -> None:
+        """Take in a completion: outputs, published extents into the tree, locks, closes."""
+        ps = self.info.page_size
+        for r, result in zip(batch.requests, completion.items, strict=True):
+            if result.num_tokens != len(r.tokens):
+                raise AssertionError(f"{r.spec.request_id}: runtime row has {result.num_tokens} tokens, control expects {len(r.tokens)}")
+            if self.on_token is not None:
+                self.on_token(r.spec.request_id, tuple(r.tokens), result.next_token)
+            r.tokens.append(result.next_token)
+            r.outputs.append(result.next_token)
+            self.stats.generated_tokens += 1
+        closing = {id(r) for r in batch.closes}
+        for (r, first, count), ref in zip(batch.publishes, completion.published, strict=True):
+            inserted = self.tree.insert(tuple(r.tokens[: (first + count) * ps]), first, ref)
+            r.tree_pages += inserted.adopted_pages
+            if id(r) not in closing and inserted.adopted_pages:
+                self.tree.lock(inserted.node)
+                if r.lock is not None:
+                    self.tree.unlock(r.lock)
+                r.lock = inserted.node
+        for r in batch.closes:
+            if r.lock is not None:
+                self.tree.unlock(r.lock)
+            self.running.remove(r)
+            self.source.finished(r.spec, tuple(r.outputs))
+        self.tree.intents_applied(batch.tree_intents)
+
+    def _account(self, completions: tuple[TransferCompletion, ...]) -> None:
+        self.tree.transfers_done(completions)
+        for done in completions:
+            if done.ticket.kind is TransferKind.RESTORE:
+                self.stats.restored_pages += done.ticket.page_count
+            else:
+                self.stats.backed_up_pages += done.ticket.page_count

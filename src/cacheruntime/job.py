@@ -1,0 +1,162 @@
+"""`cacheruntime run`: serve a workload end to end through the boundary and check the outputs.
+
+Control (Scheduler + TreeCore) drives a runtime only through `RuntimeInterface`. By default
+the runtime is `LocalGPURuntime` on the CPU with the tiny model and an L1 small enough that
+prefixes are demoted to L2 and restored. Every generated token is checked against the
+runtime's recomputation without cache (`reference_next_token`, D1 on real bytes); the
+summary says how many differ, and the job fails if any does.
+
+`--runtime model` runs the same control on the reference model (no torch): its tokens
+are tag digests, so the output check is the model's invariants (D1 on copies among them)
+after every step, and the model's transfers complete at the end of each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from cacheruntime.control.scheduler import MAX_STEP_CALLS, STEP_CALLS, Scheduler, Stats
+from cacheruntime.control.tree import WritePolicy
+from cacheruntime.control.workload import SyntheticConfig, read_trace, synthetic
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="torch device of LocalGPURuntime (cpu, cuda, cuda:1, ...)")
+    parser.add_argument("--runtime", choices=("local", "model"), default="local", help="LocalGPURuntime or the reference model")
+    parser.add_argument("--trace", metavar="FILE", help="replay a JSONL trace (docs/workload.md) instead of the synthetic workload")
+    parser.add_argument("--requests", type=int, default=36, help="synthetic: number of requests (turns)")
+    parser.add_argument("--turns", type=int, default=3, help="synthetic: turns per conversation")
+    parser.add_argument("--new-tokens", type=int, nargs=2, default=(4, 10), metavar=("MIN", "MAX"), help="synthetic: tokens generated per turn")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic workload and model weights")
+    parser.add_argument("--page-size", type=int, default=4, help="tokens per KV page")
+    parser.add_argument("--l1-pages", type=int, default=64, help="device pool pages (small, to force eviction to L2)")
+    parser.add_argument("--l2-pages", type=int, default=512, help="host pool pages")
+    parser.add_argument("--max-requests", type=int, default=4, help="request slots")
+    parser.add_argument("--max-request-tokens", type=int, default=256, help="tokens one request row can hold")
+    parser.add_argument("--write-policy", choices=[p.value for p in WritePolicy], default=WritePolicy.WRITE_THROUGH.value)
+    parser.add_argument("--max-prefill-tokens", type=int, default=256, help="prompt tokens computed per batch")
+    parser.add_argument("--json", metavar="PATH", help="write the summary as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _runtime(args: argparse.Namespace):
+    sizes = dict(
+        page_size=args.page_size,
+        max_requests=args.max_requests,
+        max_request_tokens=args.max_request_tokens,
+        l1_pages=args.l1_pages,
+        l2_pages=args.l2_pages,
+    )
+    if args.runtime == "model":
+        from cacheruntime.model import ReferenceModel
+
+        return ReferenceModel(**sizes), None
+    from cacheruntime.runtime.factories import local
+    from cacheruntime.runtime.runner import DecoderConfig
+
+    return local(device=args.device, runner="tiny", seed=args.seed, **sizes), DecoderConfig().vocab
+
+
+def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: int, check: str, seconds: float) -> dict:
+    """The job's result: what was served, where prefixes came from, what crossed the boundary."""
+    steps = max(stats.steps, 1)
+    batch_calls = sum(n for op, n in calls.items() if op in STEP_CALLS)
+    return {
+        "requests": stats.requests,
+        "tokens": stats.generated_tokens,
+        "prompt_tokens": stats.prompt_tokens,
+        "computed_prompt_tokens": stats.computed_prompt_tokens,
+        "hit_tokens_l1": stats.hit_tokens_l1,
+        "hit_tokens_l2": stats.hit_tokens_l2,
+        "miss_tokens": stats.computed_prompt_tokens,
+        "restored_pages": stats.restored_pages,
+        "backed_up_pages": stats.backed_up_pages,
+        "restored_bytes": stats.restored_pages * page_bytes,
+        "backed_up_bytes": stats.backed_up_pages * page_bytes,
+        "batches": stats.batches,
+        "steps": stats.steps,
+        "boundary_calls_per_batch": max(stats.step_calls),
+        "boundary_calls_per_batch_mean": round(batch_calls / steps, 3),
+        "boundary_calls_per_batch_bound": MAX_STEP_CALLS,
+        "boundary_calls_per_request": round(sum(n for op, n in calls.items() if op not in STEP_CALLS) / max(stats.requests, 1), 3),
+        "boundary_calls": dict(sorted(calls.items())),
+        "out_of_pages_retries": stats.out_of_pages,
+        "output_check": check,
+        "output_mismatches": mismatches,
+        "seconds": round(seconds, 3),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    runtime, vocab = _runtime(args)
+    source = (
+        read_trace(args.trace)
+        if args.trace
+        else synthetic(
+            SyntheticConfig(
+                requests=args.requests, turns=args.turns, new_tokens=tuple(args.new_tokens), vocab=vocab or 97, seed=args.seed
+            )
+        )
+    )
+    mismatches = 0
+    if vocab is not None:
+        check = "reference_next_token"
+
+        def on_token(request_id: str, prefix: tuple[int, ...], token: int | None) -> None:
+            nonlocal mismatches
+            if max(prefix) >= vocab:
+                raise ValueError(f"request {request_id}: token id {max(prefix)} is outside the model's vocabulary of {vocab}")
+            if runtime.reference_next_token(list(prefix)) != token:
+                mismatches += 1
+                print(f"D1 mismatch: request {request_id} at position {len(prefix)}", file=sys.stderr)
+    else:
+        check = "model invariants after every step"
+        on_token = None
+
+    scheduler = Scheduler(
+        runtime,
+        source,
+        write_policy=WritePolicy(args.write_policy),
+        max_prefill_tokens=args.max_prefill_tokens,
+        on_token=on_token,
+    )
+    started = time.perf_counter()
+
+    def on_step(s: Scheduler) -> None:
+        nonlocal mismatches
+        if vocab is None:  # the model: act as the hardware, then judge the state
+            while runtime.completable():
+                for transfer in runtime.completable():
+                    runtime.complete_transfer(transfer)
+            from cacheruntime.invariants import InvariantViolation
+
+            try:
+                runtime.check_invariants()
+            except InvariantViolation as violation:
+                mismatches += 1
+                print(f"invariant {violation.invariant} violated: {violation}", file=sys.stderr)
+        if not args.quiet and s.stats.steps % 10 == 0:
+            st = s.stats
+            print(
+                f"step {st.steps:4d}  batches {st.batches:4d}  requests {st.requests:3d} (running {len(s.running)}, "
+                f"waiting {len(s.waiting)})  tokens {st.generated_tokens:5d}  hits L1 {st.hit_tokens_l1} L2 {st.hit_tokens_l2}",
+                flush=True,
+            )
+
+    try:
+        stats = scheduler.run(on_step=on_step)
+    finally:
+        if hasattr(runtime, "close"):  # LocalGPURuntime's stream workers
+            runtime.close()
+    result = summary(stats, dict(scheduler.runtime.calls), scheduler.info.page_bytes, mismatches, check, time.perf_counter() - started)
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    print(f"output check ({check}): {'ok' if mismatches == 0 else f'{mismatches} mismatches'}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=2)
+    return 0 if mismatches == 0 else 1

@@ -1,0 +1,578 @@
+"""Model <-> spec correspondence: traces of the Python reference model, checked by TLC.
+
+A `TraceRecorder` wraps a `ReferenceModel` (configured as the spec abstracts it: page
+size 1, one token per batch item, at most one attach per item, at most one Restore per
+plan, one intent per `submit`) and records every call as a trace step: the TLA+ action
+name, its arguments as TLA+ values, whether the call succeeded and, if it did, the whole
+model state after it, projected onto the variables of `tla/CacheRuntime.tla`.
+Transfers that a call completes implicitly (the restores `execute_batch` waits for,
+everything `wait_completions` drains) are recorded first as explicit `CompleteTransfer`
+steps, in the order the model completes them: in the spec those calls are enabled only
+once nothing they wait for is in flight.
+
+`trace_module` turns many traces into one module `TraceCheck` whose initial state picks
+a trace and whose next-state relation replays it: a successful step must be the named
+action with the recorded arguments and lead to exactly the recorded state; a failed
+step must find the action not enabled (H1 and atomicity: nothing changes). A trace that
+the spec cannot follow deadlocks TLC at the step before the first divergence, which
+`validate` reports.
+
+Run it: `python -m cacheruntime.tlatrace --traces 60 --steps 40`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cacheruntime.model import ReferenceModel
+from cacheruntime.protocol import (
+    Backup,
+    BatchItem,
+    BatchPlan,
+    CacheExtentRef,
+    CacheRuntimeError,
+    Demote,
+    Drop,
+    PreparedBatchHandle,
+    RequestRuntimeHandle,
+    Restore,
+    Tier,
+)
+
+TLA_DIR = Path(__file__).resolve().parents[2] / "tla"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The constants of the trace model (and of the Python model the traces run on)."""
+
+    NSlots: int = 3
+    NL1: int = 6
+    NL2: int = 4
+    MaxRowTokens: int = 4
+    MaxNames: int = 14
+    MaxExtents: int = 8
+    MaxBatches: int = 10
+    MaxTransfers: int = 8
+    MaxGen: int = 6
+    MaxEpoch: int = 2
+    MaxRef: int = 3
+
+    def cfg_constants(self) -> str:
+        return "\n".join(f"    {k} = {v}" for k, v in self.__dict__.items())
+
+
+# -- TLA+ values ---------------------------------------------------------------------
+
+
+def tla(value) -> str:
+    """A Python value as a TLA+ expression: tuples are sequences, sets sets, bools booleans."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value + '"'
+    if isinstance(value, (tuple, list)):
+        return "<<" + ", ".join(tla(v) for v in value) + ">>"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(tla(v) for v in sorted(value)) + "}"
+    if isinstance(value, dict):
+        return "[" + ", ".join(f"{k} |-> {tla(v)}" for k, v in value.items()) + "]"
+    if isinstance(value, Raw):
+        return value.text
+    raise TypeError(f"no TLA+ form for {value!r}")
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A TLA+ expression written out already."""
+
+    text: str
+
+
+def f0(values) -> Raw:
+    """A function with domain 0 .. len-1 (the spec's slot, name and page domains)."""
+    return Raw("F0(" + tla(tuple(values)) + ")")
+
+
+NO_EXT = (-1, 0)
+
+
+def req(h: RequestRuntimeHandle):
+    return (h.epoch, h.slot_id, h.generation)
+
+
+def xref(x: CacheExtentRef | None):
+    return NO_EXT if x is None else (x.epoch, x.generation)
+
+
+def bref(b: PreparedBatchHandle):
+    return (b.epoch, b.batch_id)
+
+
+# -- recording -----------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    op: str
+    args: tuple
+    ok: bool
+    post: str | None  # the TLA+ tuple of every variable after the step (None if it failed)
+    note: str = ""
+
+    def tla(self) -> str:
+        post = self.post if self.ok else "<<>>"
+        return f'[op |-> "{self.op}", args |-> {tla(self.args)}, ok |-> {tla(self.ok)}, post |-> {post}]'
+
+
+def project(model: ReferenceModel, b: Bounds) -> str:
+    """The model's state as the TLA+ tuple `vars` of CacheRuntime.tla."""
+    st = model.state
+    pages = st.pages
+
+    def copy_state(n: int, tier: Tier) -> str:
+        page = pages.get(n)
+        return page.copies[tier].state.value if page and tier in page.copies else "absent"
+
+    def phys(n: int, tier: Tier) -> int:
+        page = pages.get(n)
+        return page.copies[tier].phys if page and tier in page.copies else -1
+
+    for slot in st.slots:
+        assert slot.reserved_tokens == len(slot.pages), "page_size 1: reserved tokens are pages"
+    names = range(b.MaxNames)
+    pools = {tier: st.pools[tier] for tier in Tier}
+    batches = []
+    for bid in range(b.MaxBatches):
+        rec = st.batches.get(bid)
+        if rec is None:
+            batches.append({"st": "none", "items": (), "start": (), "end": ()})
+        else:
+            slots = tuple(item.request.slot_id for item in rec.plan.items)
+            batches.append({
+                "st": rec.state,
+                "items": slots,
+                "start": tuple(rec.start_tokens[s] for s in slots),
+                "end": tuple(rec.end_tokens[s] for s in slots),
+            })
+    transfers = []
+    for tid in range(b.MaxTransfers):
+        t = st.transfers.get(tid)
+        if t is None:
+            transfers.append({"kind": "none", "moves": (), "waits": set()})
+        else:
+            transfers.append({"kind": t.kind.value, "moves": tuple(tuple(m) for m in t.pages), "waits": set(t.waits_for)})
+    values = [
+        st.epoch,
+        f0(s.generation for s in st.slots),
+        f0(s.live for s in st.slots),
+        f0(tuple(s.pages) for s in st.slots),
+        f0(s.num_tokens for s in st.slots),
+        f0(pages[n].holders if n in pages else 0 for n in names),
+        f0(pages[n].versions[0] if n in pages else 0 for n in names),
+        f0(copy_state(n, Tier.L1) for n in names),
+        f0(phys(n, Tier.L1) for n in names),
+        f0(copy_state(n, Tier.L2) for n in names),
+        f0(phys(n, Tier.L2) for n in names),
+        st.next_page,
+        tuple(pools[Tier.L1].free),
+        tuple(pools[Tier.L2].free),
+        f0(set(pools[Tier.L1].deferred.get(p, ())) for p in range(pools[Tier.L1].total)),
+        f0(set(pools[Tier.L2].deferred.get(p, ())) for p in range(pools[Tier.L2].total)),
+        f0(c[0] for c in pools[Tier.L1].content),
+        f0(c[0] for c in pools[Tier.L2].content),
+        tuple(
+            {"ref": st.extents[g].refcount, "pages": tuple(st.extents[g].pages)} if g in st.extents else {"ref": 0, "pages": ()}
+            for g in range(1, b.MaxExtents + 1)
+        ),
+        st.next_extent,
+        f0(batches),
+        st.next_batch,
+        f0(transfers),
+        set(st.transfers),
+        st.next_transfer,
+        tuple(c.ticket.transfer_id for c in st.unreported),
+        st.next_version,
+    ]
+    return tla(tuple(values))
+
+
+def in_bounds(model: ReferenceModel, b: Bounds) -> bool:
+    """Whether the model's counters stay inside the spec's finite id sets."""
+    st = model.state
+    return (
+        st.next_page <= b.MaxNames
+        and st.next_extent <= b.MaxExtents + 1
+        and st.next_batch <= b.MaxBatches
+        and st.next_transfer <= b.MaxTransfers
+        and st.epoch <= b.MaxEpoch
+        and all(s.generation <= b.MaxGen for s in st.slots)
+        and all(e.refcount <= b.MaxRef for e in st.extents.values())
+    )
+
+
+class TraceRecorder:
+    """A ReferenceModel whose calls are recorded as TLA+ trace steps."""
+
+    def __init__(self, bounds: Bounds = Bounds(), model: ReferenceModel | None = None):
+        self.bounds = bounds
+        self.model = model or ReferenceModel(
+            runtime_id="model",
+            page_size=1,
+            max_requests=bounds.NSlots,
+            max_request_tokens=bounds.MaxRowTokens,
+            l1_pages=bounds.NL1,
+            l2_pages=bounds.NL2,
+        )
+        self.steps: list[Step] = []
+
+    def _do(self, op: str, args: tuple, call, strict: bool = True):
+        """Run `call(model)`; keep the step if the model stays in bounds. Returns (ok, result)."""
+        saved = copy.deepcopy(self.model.state)
+        try:
+            result = call(self.model)
+            ok = True
+        except (CacheRuntimeError, ValueError) as error:
+            result, ok = error, False
+        if ok and not in_bounds(self.model, self.bounds):
+            self.model.state = saved
+            return False, None
+        if ok:
+            self.model.check_invariants()
+        self.steps.append(Step(op, args, ok, project(self.model, self.bounds) if ok else None, note=repr(result)[:120]))
+        return ok, result
+
+    def _complete_first(self, transfer_ids) -> None:
+        for t in transfer_ids:
+            self._do("CompleteTransfer", (t,), lambda m, t=t: m.complete_transfer(t))
+
+    # -- the operations -----------------------------------------------------------------
+
+    def open_request(self):
+        return self._do("OpenRequest", (), lambda m: m.open_request())
+
+    def close_request(self, h):
+        return self._do("CloseRequest", (req(h),), lambda m: m.close_request(h))
+
+    def prepare_batch(self, items: list[tuple[RequestRuntimeHandle, CacheExtentRef | None]], restore: CacheExtentRef | None, token: int = 7):
+        plan = BatchPlan(
+            tuple(BatchItem(h, (token,), attach=() if x is None else (x,)) for h, x in items),
+            () if restore is None else (Restore(restore),),
+        )
+        arg = {"items": tuple((req(h), xref(x)) for h, x in items), "restore": xref(restore)}
+        return self._do("PrepareBatch", (arg,), lambda m: m.prepare_batch(plan))
+
+    def execute_batch(self, bh):
+        probe = copy.deepcopy(self.model)
+        before = len(probe.state.unreported)
+        try:
+            probe.execute_batch(bh)
+            self._complete_first([c.ticket.transfer_id for c in probe.state.unreported[before:]])
+        except CacheRuntimeError:
+            pass
+        return self._do("ExecuteBatch", (bref(bh),), lambda m: m.execute_batch(bh))
+
+    def cancel_batch(self, bh):
+        return self._do("CancelBatch", (bref(bh),), lambda m: m.cancel_batch(bh))
+
+    def publish(self, h, first, count):
+        return self._do("Publish", (req(h), first, count), lambda m: m.publish(h, first, count))
+
+    def split(self, x, at):
+        return self._do("Split", (xref(x), at), lambda m: m.split(x, at))
+
+    def retain(self, x):
+        return self._do("Retain", (xref(x),), lambda m: m.retain(x))
+
+    def release(self, x):
+        return self._do("Release", (xref(x),), lambda m: m.release(x))
+
+    def submit(self, kind: str, x):
+        intent = {"Backup": Backup, "Restore": Restore, "Demote": Demote, "Drop": Drop}[kind](x)
+        return self._do("Submit", (kind, xref(x)), lambda m: m.submit((intent,)))
+
+    def poll_completions(self):
+        return self._do("PollCompletions", (), lambda m: m.poll_completions())
+
+    def wait_completions(self):
+        while self.model.state.transfers:
+            before = len(self.steps)
+            self._complete_first([self.model.completable()[0]])
+            if len(self.steps) == before:
+                return False, None
+        return self._do("WaitCompletions", (), lambda m: m.wait_completions())
+
+    def restart(self):
+        """The model drains in-flight transfers on restart: recorded as CompleteTransfer steps first."""
+        while self.model.state.transfers:
+            before = len(self.steps)
+            self._complete_first([self.model.completable()[0]])
+            if len(self.steps) == before:
+                return False, None
+        return self._do("Restart", (), lambda m: m.restart())
+
+    def complete_transfer(self, t):
+        return self._do("CompleteTransfer", (t,), lambda m: m.complete_transfer(t))
+
+
+# -- random traces -------------------------------------------------------------------
+
+
+def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[Step]:
+    """A random walk on the model: mostly sensible calls, some stale or invalid ones."""
+    rng = random.Random(seed)
+    rec = TraceRecorder(bounds)
+    handles: list[RequestRuntimeHandle] = []
+    extents: list[CacheExtentRef] = []
+    batches: list[PreparedBatchHandle] = []
+
+    def live_handles():
+        st = rec.model.state
+        return [h for h in handles if h.epoch == st.epoch and st.slots[h.slot_id].live and st.slots[h.slot_id].generation == h.generation]
+
+    def live_extents():
+        st = rec.model.state
+        return [x for x in extents if x.epoch == st.epoch and x.generation in st.extents]
+
+    def pick(xs, fresh, stale_rate=0.15):
+        if xs and (not fresh or rng.random() < stale_rate):
+            return rng.choice(xs)
+        return rng.choice(fresh) if fresh else None
+
+    ops = ["open"] * 10 + ["close"] * 5 + ["prepare"] * 22 + ["execute"] * 20 + ["cancel"] * 4 + ["publish"] * 12
+    ops += ["split"] * 6 + ["retain"] * 3 + ["release"] * 6 + ["submit"] * 24 + ["poll"] * 4 + ["wait"] * 3
+    ops += ["restart"] * 1 + ["complete"] * 18
+    guard = 0
+    while len(rec.steps) < steps and guard < steps * 20:
+        guard += 1
+        op = rng.choice(ops)
+        if op == "open":
+            ok, h = rec.open_request()
+            if ok:
+                handles.append(h)
+        elif op == "close":
+            h = pick(handles, live_handles())
+            if h:
+                rec.close_request(h)
+        elif op == "prepare":
+            fresh = live_handles()
+            if not fresh:
+                continue
+            chosen = rng.sample(fresh, rng.randint(1, len(fresh)))
+            if rng.random() < 0.08 and handles:
+                chosen[0] = rng.choice(handles)
+            xs = live_extents()
+            items = [(h, rng.choice(xs) if xs and rng.random() < 0.35 else None) for h in chosen]
+            restore = None
+            if xs and rng.random() < 0.35:
+                restore = next((x for _, x in items if x is not None), None) if rng.random() < 0.6 else None
+                restore = restore or rng.choice(xs)
+            ok, bh = rec.prepare_batch(items, restore, token=rng.randint(1, 99))
+            if ok:
+                batches.append(bh)
+        elif op == "execute" and batches:
+            st = rec.model.state
+            prepared = [b for b in batches if b.epoch == st.epoch and st.batches[b.batch_id].state == "prepared"]
+            rec.execute_batch(pick(batches, prepared, 0.1))
+        elif op == "cancel" and batches:
+            rec.cancel_batch(rng.choice(batches))
+        elif op == "publish":
+            computed = [h for h in live_handles() if rec.model.state.slots[h.slot_id].num_tokens]
+            h = pick(handles, computed or live_handles())
+            if h:
+                ntok = rec.model.state.slots[h.slot_id].num_tokens
+                first = rng.randint(0, max(0, ntok - 1))
+                count = rng.randint(1, max(1, ntok - first)) if rng.random() < 0.9 else ntok + 1
+                ok, x = rec.publish(h, first, count)
+                if ok:
+                    extents.append(x)
+        elif op == "split":
+            x = pick(extents, live_extents())
+            if x:
+                ok, halves = rec.split(x, rng.randint(1, max(1, x.page_count - 1)))
+                if ok:
+                    extents.extend(halves)
+        elif op == "retain":
+            x = pick(extents, live_extents())
+            if x:
+                rec.retain(x)
+        elif op == "release":
+            x = pick(extents, live_extents())
+            if x:
+                rec.release(x)
+        elif op == "submit":
+            x = pick(extents, live_extents())
+            if x:
+                rec.submit(rng.choice(["Backup", "Backup", "Restore", "Demote", "Drop"]), x)
+        elif op == "poll":
+            rec.poll_completions()
+        elif op == "wait":
+            rec.wait_completions()
+        elif op == "restart":
+            rec.restart()
+        elif op == "complete":
+            ready = rec.model.completable()
+            if ready:
+                rec.complete_transfer(rng.choice(ready))
+    return rec.steps
+
+
+# -- the trace module ----------------------------------------------------------------
+
+TRACE_MODULE = r"""---------------------------- MODULE TraceCheck ----------------------------
+(* Generated by cacheruntime.tlatrace: traces of the Python reference model *)
+(* replayed against CacheRuntime.  Do not edit.                             *)
+EXTENDS CacheRuntime
+
+VARIABLES
+    ti,     \* which trace
+    si      \* how many of its steps have been replayed
+
+F0(s) == [x \in 0 .. Len(s) - 1 |-> s[x + 1]]
+
+Traces == <<
+%(traces)s
+>>
+
+Do(e) ==
+    CASE e.op = "OpenRequest" -> OpenRequest
+      [] e.op = "CloseRequest" -> CloseRequest(e.args[1])
+      [] e.op = "PrepareBatch" -> PrepareBatch(e.args[1])
+      [] e.op = "ExecuteBatch" -> ExecuteBatch(e.args[1])
+      [] e.op = "CancelBatch" -> CancelBatch(e.args[1])
+      [] e.op = "Publish" -> Publish(e.args[1], e.args[2], e.args[3])
+      [] e.op = "Split" -> Split(e.args[1], e.args[2])
+      [] e.op = "Retain" -> Retain(e.args[1])
+      [] e.op = "Release" -> Release(e.args[1])
+      [] e.op = "Submit" -> Submit(e.args[1], e.args[2])
+      [] e.op = "PollCompletions" -> PollCompletions
+      [] e.op = "WaitCompletions" -> WaitCompletions
+      [] e.op = "Restart" -> Restart
+      [] e.op = "CompleteTransfer" -> CompleteTransfer(e.args[1])
+
+Step(e) == IF e.ok THEN Do(e) /\ vars' = e.post
+           ELSE ~(ENABLED Do(e)) /\ UNCHANGED vars
+
+TraceInit == ti \in 1 .. Len(Traces) /\ si = 0 /\ Init
+TraceNext ==
+    \/ /\ si < Len(Traces[ti])
+       /\ Step(Traces[ti][si + 1])
+       /\ si' = si + 1 /\ ti' = ti
+    \/ /\ si = Len(Traces[ti])            \* replayed to the end: stay
+       /\ UNCHANGED <<vars, ti, si>>
+TraceSpec == TraceInit /\ [][TraceNext]_<<vars, ti, si>>
+=============================================================================
+"""
+
+TRACE_CFG = """SPECIFICATION TraceSpec
+CONSTANTS
+%(constants)s
+INVARIANT R1
+INVARIANT R2
+INVARIANT R3
+INVARIANT R4
+INVARIANT O1
+INVARIANT O2
+INVARIANT O3
+INVARIANT D1
+"""
+
+
+def trace_module(traces: list[list[Step]], bounds: Bounds = Bounds()) -> tuple[str, str]:
+    """The TraceCheck module and its config for `traces`."""
+    body = ",\n".join("  <<\n" + ",\n".join("    " + s.tla() for s in trace) + "\n  >>" for trace in traces)
+    return TRACE_MODULE % {"traces": body}, TRACE_CFG % {"constants": bounds.cfg_constants()}
+
+
+@dataclass
+class TraceResult:
+    ok: bool
+    traces: int
+    steps: int
+    seconds: float
+    distinct: int = 0
+    divergence: str = ""
+    output: str = field(default="", repr=False)
+
+
+def validate(traces: list[list[Step]], bounds: Bounds = Bounds(), *, spec: Path | None = None, workers: int = 1,
+             java: str = "java", jar: str | None = None) -> TraceResult:
+    """Replay `traces` against the spec with TLC; report the first step that differs."""
+    from cacheruntime import tlc as tlc_driver
+
+    jar = jar or str(tlc_driver.find_jar())
+    module, cfg = trace_module(traces, bounds)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cacheruntime-trace-") as tmp:
+        work = Path(tmp)
+        shutil.copy(spec or TLA_DIR / "CacheRuntime.tla", work / "CacheRuntime.tla")
+        (work / "TraceCheck.tla").write_text(module)
+        (work / "TraceCheck.cfg").write_text(cfg)
+        proc = subprocess.run(
+            [java, "-XX:+UseParallelGC", "-cp", jar, "tlc2.TLC", "-workers", str(workers), "-metadir", str(work / "states"),
+             "-config", "TraceCheck.cfg", "TraceCheck.tla"],
+            cwd=work, capture_output=True, text=True,
+        )
+    out = proc.stdout + proc.stderr
+    seconds = time.monotonic() - started
+    nsteps = sum(len(t) for t in traces)
+    found = re.findall(r"([\d,]+) distinct states found", out)
+    distinct = int(found[-1].replace(",", "")) if found else 0
+    if proc.returncode == 0 and "No error has been found" in out:
+        expected = nsteps + len(traces)
+        if distinct != expected:
+            return TraceResult(False, len(traces), nsteps, seconds, distinct, f"expected {expected} distinct states, TLC found {distinct}", out)
+        return TraceResult(True, len(traces), nsteps, seconds, distinct, "", out)
+    return TraceResult(False, len(traces), nsteps, seconds, distinct, describe_divergence(out, traces), out)
+
+
+def describe_divergence(out: str, traces: list[list[Step]]) -> str:
+    """The first step the spec could not follow, from TLC's error trace."""
+    tis = re.findall(r"/\\ ti = (\d+)", out)
+    sis = re.findall(r"/\\ si = (\d+)", out)
+    error = next((line for line in out.splitlines() if line.startswith("Error:")), "TLC failed")
+    if "Deadlock" in out and tis and sis:
+        t, s = int(tis[-1]), int(sis[-1])
+        step = traces[t - 1][s]
+        side = "model succeeded, the spec's action is not enabled or reaches another state" if step.ok else "model raised, the spec's action is enabled"
+        return f"trace {t} step {s + 1}: {step.op}{tla(step.args)} ({side}; model: {step.note})"
+    if tis and sis:
+        return f"{error} at trace {tis[-1]} after step {sis[-1]}"
+    return error + "\n" + out[-3000:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="check random traces of the reference model against the TLA+ spec")
+    parser.add_argument("--traces", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--dump", help="write TraceCheck.tla and .cfg into this folder too")
+    args = parser.parse_args(argv)
+    traces = [random_trace(args.seed + i, args.steps) for i in range(args.traces)]
+    if args.dump:
+        module, cfg = trace_module(traces)
+        Path(args.dump).mkdir(parents=True, exist_ok=True)
+        (Path(args.dump) / "TraceCheck.tla").write_text(module)
+        (Path(args.dump) / "TraceCheck.cfg").write_text(cfg)
+    result = validate(traces, workers=args.workers)
+    status = "ok" if result.ok else "DIVERGENCE"
+    print(f"{status}: {result.traces} traces, {result.steps} steps, {result.distinct} distinct states, {result.seconds:.1f}s")
+    if not result.ok:
+        print(result.divergence)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

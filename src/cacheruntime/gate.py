@@ -53,7 +53,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
     every = [
         Stage("traceability", ("trace",)),
         Stage("tlc", ("tlc",)),
-        Stage("z3", ("z3",)),
+        Stage("z3", ("z3", "--mutants")),
         Stage("conformance", tuple(conformance)),
     ]
     return [s for s in every if s.name not in set(args.skip or ())]

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from cacheruntime.bench import harness, report, timeline
-from cacheruntime.bench.proposed import PipelinedTransfers
 from cacheruntime.pageruns import coalesce
 from cacheruntime.runtime.pools import KVMemory
 
@@ -83,18 +82,23 @@ def _memory(seed: int) -> KVMemory:
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 100])
-def test_proposed_path_moves_the_same_bytes(chunk_pages: int) -> None:
+def test_row_indexed_transfers_move_whole_pages(chunk_pages: int) -> None:
+    """KVMemory's restore/backup (row-indexed, chunked) against a page-by-page reference."""
     rng = random.Random(chunk_pages)
     src_l2 = rng.sample(range(20), 9)
     dst_l1 = rng.sample(range(24), 9)
-    ours, theirs = _memory(1), _memory(1)
-    proposed = PipelinedTransfers(ours, chunk_bytes=chunk_pages * ours.page_bytes)
-    proposed.restore(src_l2, dst_l1)
-    theirs.restore(src_l2, dst_l1)
-    assert torch.equal(ours.l1, theirs.l1) and torch.equal(ours.l2, theirs.l2)
-    proposed.backup(dst_l1[::-1], src_l2)
-    theirs.backup(dst_l1[::-1], src_l2)
-    assert torch.equal(ours.l1, theirs.l1) and torch.equal(ours.l2, theirs.l2)
+    mem = _memory(1)
+    mem.chunk_pages = chunk_pages
+    want_l1, l2 = mem.l1.clone(), mem.l2.clone()
+    for s, d in zip(src_l2, dst_l1):
+        want_l1[:, :, d] = l2[s].view(mem.page_shape)
+    mem.restore(src_l2, dst_l1)
+    assert torch.equal(mem.l1, want_l1) and torch.equal(mem.l2, l2)
+    want_l2 = l2.clone()
+    for s, d in zip(dst_l1[::-1], src_l2):
+        want_l2[d] = want_l1[:, :, s].reshape(-1)
+    mem.backup(dst_l1[::-1], src_l2)
+    assert torch.equal(mem.l1, want_l1) and torch.equal(mem.l2, want_l2)
 
 
 def test_row_ratio_and_target() -> None:

@@ -5,7 +5,7 @@ Sections (`--only` picks some):
 - `transfer`: restore (L2->L1) and backup (L1->L2) throughput of scattered page runs through
   the runtime, against a raw pinned `copy_` of one contiguous buffer of the same bytes
   (target ratio >= 0.90), for each page size and run length; also the runtime's copy
-  routine alone and the proposed path (`cacheruntime.bench.proposed`);
+  routine alone (its data path);
 - `overlap`: restore time left exposed when `prepare_batch(N+1)` is issued during batch N,
   as a fraction of the transfer time (target <= 5%), against one-phase issue;
 - `itl`: decode inter-token latency with background write-back against none (<= 1.03x);
@@ -55,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--page-sizes", type=_ints, help="page sizes for the transfer section (16,64)")
     g.add_argument("--runs", type=_ints, help="run lengths in pages for the transfer section (1,8,64)")
     g.add_argument("--transfer-mib", type=int, help="bytes moved per transfer measurement (512 MiB)")
-    g.add_argument("--chunk-mib", type=int, help="chunk of the proposed pipelined path (32 MiB)")
     g.add_argument("--reps", type=int, help="repetitions per timing, after one warm-up (5)")
     g.add_argument("--overlap-page-size", type=int, help="page size for overlap and ITL (16)")
     g.add_argument("--overlap-width-mult", type=int, help="width_mult of the overlap section's model: a longer, GPU-bound batch (40)")
@@ -85,7 +84,6 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "page_sizes": ([16, 64], [16, 64], [16, 64], [16, 64]),
     "runs": ([1, 8, 64], [1, 8, 64], [1, 8, 64], [1, 8, 64]),
     "transfer_mib": (512, 256, 32, 2),
-    "chunk_mib": (32, 32, 4, 1),
     "reps": (5, 2, 3, 1),
     "overlap_page_size": (16, 16, 16, 16),
     "decode_batch": (16, 16, 8, 4),

@@ -12,9 +12,9 @@ runtime's code:
   allocator hands out pages in scattered runs of a chosen length, as a long-running
   server's fragmented pools do. Which free page the allocator returns is the runtime's
   choice and invisible to control, so this only picks a realistic starting state.
-- `runtime._memory` is read to time the runtime's own transfer routines alone (data path)
-  and, for the proposed path, its `restore`/`backup` are overridden on the instance with
-  `cacheruntime.bench.proposed`.
+- `runtime._memory` is read to time the runtime's own transfer routines alone (data
+  path), and the overlap section wraps its `restore` on the instance to time the host's
+  issue cost.
 """
 
 from __future__ import annotations
@@ -120,7 +120,9 @@ def scattered_runs(pages: list[int], run: int, needed: int, rng: random.Random) 
 def fragment_free_list(runtime: Any, tier: Tier, run: int, needed: int, rng: random.Random) -> None:
     """Make the runtime's allocator hand out its next `needed` `tier` pages in scattered runs of `run`."""
     pool = runtime._state.pools[tier]
-    pool.free[:] = scattered_runs(list(pool.free), run, needed, rng)
+    order = scattered_runs(list(pool.free), run, needed, rng)
+    pool.free.clear()
+    pool.free.extend(order)
 
 
 # --------------------------------------------------------------------------------------

@@ -11,12 +11,12 @@ time of one step (prepare + execute + poll), mean over the steps.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 import torch
 
 from cacheruntime.bench.decode import Decode, timed
-from cacheruntime.bench.proposed import PipelinedTransfers
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import Backup, BatchPlan, Drop
 
@@ -71,17 +71,26 @@ class WriteBack:
         self.state = dict.fromkeys(self.extents, "idle")
 
 
-def steps(d: Decode, n: int, wb: WriteBack | None) -> list[float]:
+def steps(d: Decode, n: int, wb: WriteBack | None, split: dict[str, float] | None = None) -> list[float]:
+    """Host seconds of each of `n` decode steps; `split` accumulates each call's host seconds."""
     rt = d.rt
     times = []
+    split = {} if split is None else split
     for _ in range(n):
 
         def step() -> None:
             intents = wb.intents() if wb else ()
-            rt.execute_batch(rt.prepare_batch(BatchPlan(d.decode_items(), intents)))
+            t0 = time.perf_counter()
+            h = rt.prepare_batch(BatchPlan(d.decode_items(), intents))
+            t1 = time.perf_counter()
+            rt.execute_batch(h)
+            t2 = time.perf_counter()
             if wb:
                 wb.after_execute()
             done = rt.poll_completions()
+            t3 = time.perf_counter()
+            for name, seconds in (("prepare_batch", t1 - t0), ("execute_batch", t2 - t1), ("poll_completions", t3 - t2)):
+                split[name] = split.get(name, 0.0) + seconds
             if wb:
                 wb.completed(done)
 
@@ -100,17 +109,16 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
         wb = WriteBack(d, wb_pages)
         steps(d, 2, None)
         steps(d, 2, wb)
-        for path in ("runtime", "proposed"):
+        for path in ("runtime",):
             with guard(SECTION, path):
-                if path == "proposed":
-                    PipelinedTransfers(d.rt._memory, chunk_bytes=args.chunk_mib << 20).install()
-                    steps(d, 2, wb)
                 quiet: list[float] = []
                 busy: list[float] = []
+                quiet_split: dict[str, float] = {}
+                busy_split: dict[str, float] = {}
                 wb.moved = 0
                 for _ in range(args.rounds):
-                    quiet += steps(d, args.steps, None)
-                    busy += steps(d, args.steps, wb)
+                    quiet += steps(d, args.steps, None, quiet_split)
+                    busy += steps(d, args.steps, wb, busy_split)
                 mq, mb = statistics.mean(quiet), statistics.mean(busy)
                 rows.append(
                     Row(
@@ -133,6 +141,8 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                             "busy_p50_ms": statistics.median(busy) * 1e3,
                             "quiet_max_ms": max(quiet) * 1e3,
                             "busy_max_ms": max(busy) * 1e3,
+                            "quiet_per_call_ms": {k: v / len(quiet) * 1e3 for k, v in quiet_split.items()},
+                            "busy_per_call_ms": {k: v / len(busy) * 1e3 for k, v in busy_split.items()},
                         },
                     )
                 )

@@ -20,7 +20,6 @@ launch blocked control (a blocking launch delays the launch of compute), over th
 GPU time, is the exposed fraction. On CPU: (T - Tc) / Tx from step times. Floored at 0.001
 (timer resolution). Two-phase is the value (target <= 5% when the transfer fits under
 compute(N)), one-phase the baseline.
-Then again with the proposed transfer path installed.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import torch
 
 from cacheruntime.bench.decode import Decode, timed
 from cacheruntime.bench.harness import Clock, exposure, median
-from cacheruntime.bench.proposed import PipelinedTransfers
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan, Close, Demote, Restore
 
@@ -161,11 +159,8 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any, traces: di
         mem = d.rt._memory
         l1_total, pages = mem.l1.shape[2], args.restore_pages
         src, dst = list(range(pages)), list(range(l1_total - pages, l1_total))
-        for path in ("runtime", "proposed"):
+        for path in ("runtime",):
             with guard(SECTION, path):
-                if path == "proposed":
-                    PipelinedTransfers(mem, chunk_bytes=args.chunk_mib << 20).install()
-                    loop.run(2, mode="two-phase")
                 # the restore alone on the GPU (this path's routine, CUDA events on a side stream)
                 gpu_tx = median([clock.gpu(lambda: mem.restore(src, dst)) for _ in range(args.reps + 1)][1:])
                 compute = _mode(loop, args.steps, "compute")
@@ -238,14 +233,7 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any, traces: di
             with guard(SECTION, "timeline"):
                 capture(loop, 1, "warm-up")  # the profiler's first sessions lose GPU timestamps: warm it up
                 capture(loop, 1, "warm-up")
-                own = {k: mem.__dict__.pop(k) for k in ("restore", "backup") if k in mem.__dict__}
-
-                def both() -> None:
-                    loop.run(args.timeline_steps, mode="two-phase", marker=_marker("runtime"))
-                    mem.__dict__.update(own)
-                    loop.run(args.timeline_steps, mode="two-phase", marker=_marker("proposed"))
-
-                traces["two-phase"] = (capture_fn(both), ["runtime", "proposed"])
+                traces["two-phase"] = (capture_fn(lambda: loop.run(args.timeline_steps, mode="two-phase", marker=_marker("runtime"))), ["runtime"])
     finally:
         d.close()
 

@@ -9,8 +9,7 @@ same bytes (raw cudaMemcpy), measured in the same run:
 - *protocol*: `submit((Restore(x),))` + `wait_completions()` (and Drop + Backup), host clock
   from an idle device until the completion is reported: what control sees;
 - *data path*: the runtime's `KVMemory.restore`/`backup` alone on the same physical page
-  lists, CUDA events on a side stream: the copy routine without bookkeeping;
-- the same two with the proposed path (`cacheruntime.bench.proposed`) installed.
+  lists, CUDA events on a side stream: the copy routine without bookkeeping.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from cacheruntime.bench.harness import (
     scattered_runs,
     set_runner,
 )
-from cacheruntime.bench.proposed import PipelinedTransfers
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Demote, Drop, Restore, Tier
 
@@ -115,7 +113,6 @@ def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, 
     # Physical page lists for the data-path timings, scattered the same way.
     src_l2 = scattered_runs(list(range(mem.l2.shape[0])), run_len, pages, rng)[:pages]
     dst_l1 = scattered_runs(list(range(mem.l1.shape[2])), run_len, pages, rng)[:pages]
-    kv_memory_cls = type(mem)
 
     def measure_data_path(restore, backup) -> tuple[float, float]:
         r = [clock.gpu(lambda: restore(src_l2, dst_l1)) for _ in range(args.reps + 1)][1:]
@@ -145,21 +142,9 @@ def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, 
         )
 
     p_restore, p_backup = measure_protocol()
-    d_restore, d_backup = measure_data_path(lambda s, d: kv_memory_cls.restore(mem, s, d), lambda s, d: kv_memory_cls.backup(mem, s, d))
-    proposed = PipelinedTransfers(mem, chunk_bytes=args.chunk_mib << 20)
-    q_restore, q_backup = measure_data_path(proposed.restore, proposed.backup)
-    proposed.install()
-    try:
-        pp_restore, pp_backup = measure_protocol()
-    finally:
-        del mem.restore, mem.backup  # back to the runtime's own routines
-    for kind, proto, data, prop_proto, prop_data in (
-        ("restore", p_restore, d_restore, pp_restore, q_restore),
-        ("backup", p_backup, d_backup, pp_backup, q_backup),
-    ):
+    d_restore, d_backup = measure_data_path(mem.restore, mem.backup)
+    for kind, proto, data in (("restore", p_restore, d_restore), ("backup", p_backup, d_backup)):
         add(kind, "runtime (protocol)", proto)
         add(kind, "runtime data path", data)
-        add(kind, "proposed (protocol)", prop_proto)
-        add(kind, "proposed data path", prop_data)
     rt.release(extent)
     rt.wait_completions()

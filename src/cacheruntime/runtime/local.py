@@ -7,10 +7,14 @@ device and/or host physical page), the KV pools (`pools.KVMemory`), a compute, a
 D2H stream with events (`streams`), and a model runner (`runner`). Control only ever gets
 the frozen values of `cacheruntime.protocol` (B2).
 
-Every call first runs its bookkeeping (`state.State`) on a copy and commits it only when
-every precondition held, in the reference model's check order; only then does it touch
-the device (write ReqToToken, start transfers, run compute). A raised `CacheRuntimeError`
-therefore leaves the runtime exactly as it was.
+Every call checks its preconditions in the reference model's check order before it
+changes its bookkeeping (`state.State`), and commits before it touches the device (write
+ReqToToken, start transfers, run compute). Where a later check can still fail after an
+earlier change (the intents of `submit` and `execute_batch` apply in order, each checked
+against the state the previous ones left), every change is first written to the call's
+undo journal, which a failure replays backwards. A raised `CacheRuntimeError` therefore
+leaves the runtime exactly as it was, and a call costs what it touches: nothing is copied
+wholesale, and executed or cancelled batches leave only a compact outcome.
 
 Ordering (the reason the runtime exists, invariants O1-O3):
 - restores start on the H2D stream inside `prepare_batch` (and `submit`); a restore whose
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -105,25 +110,32 @@ class Launched:
     result: Result
 
 
-def operation(method: Callable) -> Callable:
-    """Run a boundary call on a copy of the bookkeeping; keep it only if the call succeeds.
+def operation(method: Callable | None = None, *, journal: bool = True) -> Callable:
+    """Run a boundary call with an undo journal; keep its changes only if the call succeeds.
 
     The method commits (`self._commit()`) once every precondition held and before it
     touches the device; a method without device work is committed on return. An error
-    before the commit rolls the bookkeeping back, so nothing changed.
+    before the commit replays the journal backwards (`_rollback`), so nothing changed.
+    `journal=False` is for the hot calls whose every check precedes their first change
+    (`prepare_batch`, `poll_completions`, `wait_completions`, `info`): they skip the
+    journal's cost, and a failure finds nothing to undo.
     """
+    if method is None:
+        return functools.partial(operation, journal=journal)
+    name = method.__name__
 
     @functools.wraps(method)
     def call(self: LocalGPURuntime, *args: Any, **kwargs: Any) -> Any:
-        saved = self._state
-        self._state = saved.clone()
-        self._operation, self._committed, self._to_launch = method.__name__, False, []
+        log: list[Callable[[], None]] = []
+        self._operation, self._committed, self._to_launch, self._journal = name, False, [], log if journal else None
         try:
             result = method(self, *args, **kwargs)
         except BaseException:
             if not self._committed:
-                self._rollback(saved)
+                self._rollback(log)
             raise
+        finally:
+            self._journal = None
         if not self._committed:
             self._commit()
         return result
@@ -155,7 +167,7 @@ class LocalGPURuntime:
     - `_wait_kv_ready(launched)`: compute waits for the restores it reads (O1)
     - `_wait_compute(stream)`: a backup's D2H waits for the compute event (O2)
     - `_wait_transfer_deps(stream, launched)`: a restore waits for the backup filling its source
-    - `_rollback(saved)`: a failed call puts the saved state back (atomicity)
+    - `_rollback(saved)`: a failed call undoes its journal `saved` (atomicity)
     """
 
     def __init__(
@@ -193,7 +205,12 @@ class LocalGPURuntime:
             head_dim=config.head_dim,
             dtype=config.torch_dtype,
         )
-        self._table = torch.zeros(max_requests, max_request_tokens, dtype=torch.int32, device=self.device)
+        # Rows padded to whole pages, so that a page's token locations are one row of
+        # `_table_pages`: mapping a page is one indexed store of page_size locations.
+        row_pages = -(-max_request_tokens // page_size)
+        self._table = torch.zeros(max_requests, row_pages * page_size, dtype=torch.int32, device=self.device)
+        self._table_pages = self._table.view(max_requests, row_pages, page_size)
+        self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # weights and pools were filled on the default stream
         self._compute: Stream = make_stream("compute", self.device)
@@ -207,6 +224,8 @@ class LocalGPURuntime:
         believed = {Tier.L1: [empty] * l1_pages, Tier.L2: [empty] * l2_pages}
         self._state: State = fresh_state(0, [0] * max_requests, believed, 1)
         self._operation, self._committed, self._to_launch = "", True, []
+        self._journal: list[Callable[[], None]] | None = None
+        self._slot_sets: dict[tuple[int, ...], tuple[int, ...]] = {}  # interned slot tuples of finished batches
 
     # ---------------------------------------------------------------------------------
     # Info, test knobs, reference compute
@@ -234,7 +253,7 @@ class LocalGPURuntime:
             page_bytes=self._memory.page_bytes,
         )
 
-    @operation
+    @operation(journal=False)
     def info(self) -> RuntimeInfo:
         """Identity, epoch, sizes, capabilities and the bytes of one KV page."""
         return self._info()
@@ -280,18 +299,22 @@ class LocalGPURuntime:
     # Two-phase batches
     # ---------------------------------------------------------------------------------
 
-    @operation
+    @operation(journal=False)
     def prepare_batch(self, plan: BatchPlan) -> PreparedBatchHandle:
-        """Validate the plan, allocate and map pages, write ReqToToken, start the plan's restores."""
+        """Validate the plan, allocate and map pages, write ReqToToken, start the plan's restores.
+
+        Every check runs before the first change, so a failure has nothing to undo.
+        """
         st = self._state
         if not isinstance(plan, BatchPlan):
             raise InvalidPlan(f"expected a BatchPlan, got {type(plan).__name__}")
         if not plan.items:
             raise InvalidPlan("a plan needs at least one item")
+        slot_of, extent_of = self._slot, self._extent
         for item in plan.items:
-            self._slot(item.request)
+            slot_of(item.request)
             for extent in item.attach:
-                self._extent(extent)
+                extent_of(extent)
         for intent in plan.intents:
             self._check_intent_handles(intent)
         slots = [item.request.slot_id for item in plan.items]
@@ -301,53 +324,65 @@ class LocalGPURuntime:
         for intent in plan.intents:
             if isinstance(intent, Restore):
                 restoring.update(self._restore_pages(intent.extent))
+        ps, max_tokens, all_slots, pages, extents = self.page_size, self.max_request_tokens, st.slots, st.pages, st.extents
         start_tokens, start_pages, end_tokens = {}, {}, {}
-        for item in plan.items:
-            slot = st.slots[item.request.slot_id]
+        need = len(restoring)
+        for slot_id, item in zip(slots, plan.items):
+            slot = all_slots[slot_id]
             if item.new_tokens < 1:
-                raise InvalidPlan(f"slot {item.request.slot_id}: an item must compute at least one token")
+                raise InvalidPlan(f"slot {slot_id}: an item must compute at least one token")
             if item.attach and slot.reserved_tokens:
-                raise InvalidPlan(f"slot {item.request.slot_id}: attach is only allowed on an empty row")
+                raise InvalidPlan(f"slot {slot_id}: attach is only allowed on an empty row")
             if item.append_previous_output and slot.produced <= slot.appended:
-                raise RequestBusy(f"slot {item.request.slot_id}: no previous output to append")
-            attached = [p for extent in item.attach for p in st.extents[extent.generation].pages]
-            for page in attached:
-                if Tier.L1 not in st.pages[page].copies and page not in restoring:
-                    raise NotResident(f"page {page} of an attached extent has no device copy and no restore")
-            end = slot.reserved_tokens + len(attached) * self.page_size + item.new_tokens
-            if end > self.max_request_tokens:
-                raise RowFull(f"slot {item.request.slot_id}: {end} tokens > max_request_tokens {self.max_request_tokens}")
-            start_tokens[item.request.slot_id] = slot.reserved_tokens
-            start_pages[item.request.slot_id] = len(slot.pages)
-            end_tokens[item.request.slot_id] = end
-        need = len(restoring) + sum(
-            -(-end_tokens[s] // self.page_size) - start_pages[s] - sum(e.page_count for e in item.attach)
-            for s, item in zip(slots, plan.items)
-        )
+                raise RequestBusy(f"slot {slot_id}: no previous output to append")
+            attached = referenced = 0
+            if item.attach:
+                for extent in item.attach:
+                    extent_pages = extents[extent.generation].pages
+                    for page in extent_pages:
+                        if Tier.L1 not in pages[page].copies and page not in restoring:
+                            raise NotResident(f"page {page} of an attached extent has no device copy and no restore")
+                    attached += len(extent_pages)
+                    referenced += extent.page_count
+            end = slot.reserved_tokens + attached * ps + item.new_tokens
+            if end > max_tokens:
+                raise RowFull(f"slot {slot_id}: {end} tokens > max_request_tokens {max_tokens}")
+            start_tokens[slot_id] = slot.reserved_tokens
+            start_pages[slot_id] = len(slot.pages)
+            end_tokens[slot_id] = end
+            need += -(-end // ps) - len(slot.pages) - referenced
         self._require_free(Tier.L1, need)
+        # Every precondition held: from here on nothing fails.
         for intent in plan.intents:
             if isinstance(intent, Restore):
                 self._start_transfer(TransferKind.RESTORE, intent.extent.generation, self._restore_pages(intent.extent))
-        rows = []
-        for item in plan.items:
-            slot_id = item.request.slot_id
-            slot = st.slots[slot_id]
+        map_slots: list[int] = []
+        map_index: list[int] = []
+        map_phys: list[int] = []
+        new_page = self._new_page
+        for slot_id, item in zip(slots, plan.items):
+            slot = all_slots[slot_id]
+            row = slot.pages
+            first = start_pages[slot_id]
             for extent in item.attach:
-                for page in st.extents[extent.generation].pages:
-                    st.pages[page].holders += 1
-                    slot.pages.append(page)
-            while len(slot.pages) * self.page_size < end_tokens[slot_id]:
-                slot.pages.append(self._new_page())
+                for page in extents[extent.generation].pages:
+                    pages[page].holders += 1
+                    row.append(page)
+            for _ in range(-(-end_tokens[slot_id] // ps) - len(row)):
+                row.append(new_page())
             slot.reserved_tokens = end_tokens[slot_id]
             slot.produced += 1
-            slot.appended += int(item.append_previous_output)
-            mapped = slot.pages[start_pages[slot_id] :]
-            rows.append((slot_id, start_pages[slot_id] * self.page_size, [st.pages[p].copies[Tier.L1].phys for p in mapped]))
+            if item.append_previous_output:
+                slot.appended += 1
+            for index in range(first, len(row)):
+                map_slots.append(slot_id)
+                map_index.append(index)
+                map_phys.append(pages[row[index]].copies[Tier.L1].phys)
         batch_id = st.next_batch
         st.batches[batch_id] = Batch(plan, "prepared", end_tokens, start_tokens, start_pages)
         st.next_batch += 1
         self._commit()
-        self._write_req_to_token(rows)
+        self._write_req_to_token(map_slots, map_index, map_phys)
         self._launch_started()
         return PreparedBatchHandle(self.runtime_id, st.epoch, batch_id)
 
@@ -358,31 +393,62 @@ class LocalGPURuntime:
         record = self._batch(batch)
         self._check_execute_once(batch, record)
         self._check_execute_order(batch, record)
+        plan = record.plan
+        # The intents below can still fail after the items changed the state: journal then.
+        undo = self._journal if any(not isinstance(intent, Restore) for intent in plan.intents) else None
+        ps, all_slots, pages, end_tokens = self.page_size, st.slots, st.pages, record.end_tokens
+        believed = st.pools[Tier.L1].believed
+        restores = any(tr.kind is TransferKind.RESTORE for tr in st.transfers.values())
+        version = st.next_version
         ready: list[int] = []
         items: list[ComputeItem] = []
-        for item in record.plan.items:
-            slot = st.slots[item.request.slot_id]
-            end = record.end_tokens[item.request.slot_id]
-            start = end - item.new_tokens
-            ready += self._await_restores(slot.pages[: -(-end // self.page_size)])
-            tags = []
-            for position in range(start, end):
-                page = st.pages[slot.pages[position // self.page_size]]
-                offset = position % self.page_size
-                page.versions[offset] = st.next_version
-                pool = st.pools[Tier.L1]
+        for item in plan.items:
+            slot_id = item.request.slot_id
+            slot = all_slots[slot_id]
+            row = slot.pages
+            end = end_tokens[slot_id]
+            start = end - len(item.input_ids) - item.append_previous_output
+            if restores:
+                ready += self._await_restores(set(row[: -(-end // ps)]))
+            position, first_version = start, version
+            if end - start == 1 and undo is None:  # a decode step: one token
+                index, offset = divmod(start, ps)
+                page = pages[row[index]]
+                page.versions[offset] = version
                 phys = page.copies[Tier.L1].phys
-                pool.believed[phys] = pool.believed[phys][:offset] + (st.next_version,) + pool.believed[phys][offset + 1 :]
-                tags.append(st.next_version)
-                st.next_version += 1
+                old = believed[phys]
+                believed[phys] = (*old[:offset], version, *old[offset + 1 :])
+                position = end
+                version += 1
+            while position < end:
+                index, offset = divmod(position, ps)
+                count = min(ps - offset, end - position)
+                page = pages[row[index]]
+                phys = page.copies[Tier.L1].phys
+                new = tuple(range(version, version + count))
+                if undo is not None:
+                    undo.append(functools.partial(_restore_tags, page, offset, page.versions[offset : offset + count], believed, phys, believed[phys]))
+                page.versions[offset : offset + count] = new
+                old = believed[phys]
+                believed[phys] = old[:offset] + new + old[offset + count :]
+                position += count
+                version += count
             previous = (slot.last_output,) if item.append_previous_output else ()
-            items.append(ComputeItem(item.request.slot_id, start, end, previous + tuple(item.input_ids), tuple(tags)))
+            items.append(ComputeItem(slot_id, start, end, previous + tuple(item.input_ids), tuple(range(first_version, version))))
+            if undo is not None:
+                undo.append(functools.partial(setattr, slot, "num_tokens", slot.num_tokens))
             slot.num_tokens = end
-        record.state = "executed"
+        if undo is not None:
+            undo.append(functools.partial(setattr, st, "next_version", st.next_version))
+        st.next_version = version
+        self._finish_batch(batch.batch_id, "executed")
         published, tickets = [], []
-        for intent in record.plan.intents:
+        last = max((i for i, intent in enumerate(plan.intents) if not isinstance(intent, Restore)), default=-1)
+        for i, intent in enumerate(plan.intents):
             if isinstance(intent, Restore):
                 continue
+            if i == last:
+                self._journal = None  # the last intent checks before it changes anything
             outcome = self._apply_intent(intent, batch_id=batch.batch_id)
             if isinstance(intent, Publish):
                 published.append(outcome)
@@ -392,10 +458,8 @@ class LocalGPURuntime:
         self._commit()
         tokens = self._run_compute(items, kv_ready)
         for item, token in zip(items, tokens):
-            st.slots[item.slot].last_output = token
-        results = tuple(
-            ItemResult(plan_item.request, item.end, token) for plan_item, item, token in zip(record.plan.items, items, tokens)
-        )
+            all_slots[item.slot].last_output = token
+        results = tuple(ItemResult(plan_item.request, item.end, token) for plan_item, item, token in zip(plan.items, items, tokens))
         return BatchCompletion(batch, results, tuple(published), tuple(tickets))
 
     @operation
@@ -417,7 +481,7 @@ class LocalGPURuntime:
             slot.reserved_tokens = record.start_tokens[item.request.slot_id]
             slot.produced -= 1
             slot.appended -= int(item.append_previous_output)
-        record.state = "cancelled"
+        self._finish_batch(batch.batch_id, "cancelled")
 
     # ---------------------------------------------------------------------------------
     # Extents
@@ -461,7 +525,9 @@ class LocalGPURuntime:
                 raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
             self._check_intent_handles(intent)
         tickets = []
-        for intent in intents:
+        for number, intent in enumerate(intents, 1):
+            if number == len(intents):
+                self._journal = None  # the last intent checks before it changes anything
             if isinstance(intent, Restore):
                 pages = self._restore_pages(intent.extent)
                 self._require_free(Tier.L1, len(pages))
@@ -474,7 +540,7 @@ class LocalGPURuntime:
         self._launch_started()
         return tuple(tickets)
 
-    @operation
+    @operation(journal=False)
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
         """Retire the transfers whose events are done (dependencies first); report each once."""
         st = self._state
@@ -490,7 +556,7 @@ class LocalGPURuntime:
                     progress = True
         return self._report()
 
-    @operation
+    @operation(journal=False)
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         """Block until every transfer has finished, retire them all, report as poll does."""
         st = self._state
@@ -503,8 +569,12 @@ class LocalGPURuntime:
 
     def _report(self) -> tuple[TransferCompletion, ...]:
         """Hand over the unreported completions, ordered by transfer id (the timing is ours, the order is not)."""
-        reported = tuple(sorted(self._state.unreported, key=lambda c: c.ticket.transfer_id))
-        self._state.unreported = []
+        st = self._state
+        if not st.unreported:
+            return ()
+        reported = tuple(sorted(st.unreported, key=lambda c: c.ticket.transfer_id))
+        self._undo(functools.partial(setattr, st, "unreported", st.unreported))
+        st.unreported = []
         return reported
 
     @operation
@@ -558,13 +628,14 @@ class LocalGPURuntime:
             pools=tuple(pools),
             extents=tuple(ExtentView(g, e.pages, e.refcount) for g, e in sorted(st.extents.items())),
             batches=tuple(
-                BatchView(
-                    b,
-                    rec.state,
-                    tuple(sorted(rec.end_tokens)),
-                    tuple(p for s in sorted(rec.end_tokens) for p in st.slots[s].pages) if rec.state == "prepared" else (),
+                sorted(
+                    [BatchView(b, state, slots, ()) for b, (state, slots) in st.finished.items()]
+                    + [
+                        BatchView(b, rec.state, tuple(sorted(rec.end_tokens)), tuple(p for s in sorted(rec.end_tokens) for p in st.slots[s].pages))
+                        for b, rec in st.batches.items()
+                    ],
+                    key=lambda view: view.batch_id,
                 )
-                for b, rec in sorted(st.batches.items())
             ),
             transfers=tuple(
                 TransferView(t, tr.kind, tuple(p for p, _, _ in tr.pages), tuple(s for _, s, _ in tr.pages), tuple(d for _, _, d in tr.pages))
@@ -592,12 +663,31 @@ class LocalGPURuntime:
     def _commit(self) -> None:
         """Every precondition held: keep the bookkeeping, count the call (B1), forget retired events."""
         self._committed = True
+        self._journal = None  # nothing after the commit is undone
         self._state.calls[self._operation] += 1
-        self._launched = {t: launched for t, launched in self._launched.items() if t in self._state.transfers}
+        if self._launched:
+            transfers = self._state.transfers
+            self._launched = {t: launched for t, launched in self._launched.items() if t in transfers}
 
-    def _rollback(self, saved: State) -> None:
-        """A call failed before committing: its bookkeeping copy is thrown away."""
-        self._state = saved
+    def _rollback(self, saved: list[Callable[[], None]]) -> None:
+        """A call failed before committing: undo its journal `saved`, newest change first."""
+        for undo in reversed(saved):
+            undo()
+        saved.clear()
+        self._to_launch = []
+
+    def _undo(self, fn: Callable[[], None]) -> None:
+        """Journal `fn`, which reverts the change about to be made (only before the commit)."""
+        if self._journal is not None:
+            self._journal.append(fn)
+
+    def _finish_batch(self, batch_id: int, state: str) -> None:
+        """The batch is executed or cancelled: keep only its outcome (state and slots)."""
+        st = self._state
+        record = st.batches.pop(batch_id)
+        slots = tuple(sorted(record.end_tokens))
+        st.finished[batch_id] = (state, self._slot_sets.setdefault(slots, slots))
+        self._undo(functools.partial(_unfinish, st, batch_id, record))
 
     # ---------------------------------------------------------------------------------
     # Handle checks: ForeignRuntime, then StaleHandle (epoch, generation), then UnknownHandle
@@ -647,9 +737,14 @@ class LocalGPURuntime:
         if not isinstance(batch, PreparedBatchHandle):
             raise UnknownHandle(f"expected a PreparedBatchHandle, got {type(batch).__name__}")
         self._check_origin("batch handle", batch.runtime_id, batch.epoch)
-        record = self._state.batches.get(batch.batch_id)
+        st = self._state
+        record = st.batches.get(batch.batch_id)
         if record is None:
-            raise UnknownHandle(f"batch {batch.batch_id} was never prepared")
+            finished = st.finished.get(batch.batch_id)
+            if finished is None:
+                raise UnknownHandle(f"batch {batch.batch_id} was never prepared")
+            state, slots = finished
+            return Batch(None, state, dict.fromkeys(slots, 0), {}, {})
         return record
 
     def _check_intent_handles(self, intent: Intent) -> None:
@@ -679,16 +774,17 @@ class LocalGPURuntime:
 
     def _check_execute_order(self, batch: PreparedBatchHandle, record: Batch) -> None:
         for other_id, other in self._state.batches.items():
-            if other_id < batch.batch_id and other.state == "prepared" and set(record.end_tokens) & set(other.end_tokens):
+            if other_id < batch.batch_id and other.state == "prepared" and not record.end_tokens.keys().isdisjoint(other.end_tokens):
                 raise OutOfOrder(f"batch {other_id} shares a request with batch {batch.batch_id} and has not executed")
 
     def _check_cancel_order(self, batch: PreparedBatchHandle, record: Batch) -> None:
         for other_id, other in self._state.batches.items():
-            if other_id > batch.batch_id and other.state == "prepared" and set(record.end_tokens) & set(other.end_tokens):
+            if other_id > batch.batch_id and other.state == "prepared" and not record.end_tokens.keys().isdisjoint(other.end_tokens):
                 raise BatchDependency(f"batch {other_id} shares a request with batch {batch.batch_id}")
 
     def _check_demote_unmapped(self, record: Extent) -> None:
-        held = {p for slot in self._state.slots if slot.live for p in slot.pages} & set(record.pages)
+        mine = set(record.pages)
+        held = {p for slot in self._state.slots if slot.live and not mine.isdisjoint(slot.pages) for p in slot.pages} & mine
         if held:
             raise ExtentInUse(f"pages {sorted(held)} are mapped into live request rows")
 
@@ -702,50 +798,63 @@ class LocalGPURuntime:
             raise OutOfPages(tier, needed, free)
 
     def _take_phys(self, tier: Tier) -> int:
-        return self._state.pools[tier].free.pop(0)
+        free = self._state.pools[tier].free
+        phys = free.popleft()
+        self._undo(functools.partial(free.appendleft, phys))
+        return phys
 
     def _new_page(self) -> int:
         st = self._state
         name, st.next_page = st.next_page, st.next_page + 1
         st.pages[name] = Page(holders=1, versions=[0] * self.page_size, copies={Tier.L1: Copy(self._take_phys(Tier.L1), CopyState.VALID)})
+        self._undo(functools.partial(_forget_page, st, name))
         return name
 
     def _transfers_on(self, tier: Tier, phys: int) -> set[int]:
         """Transfers not yet retired that read or write physical page `phys` of `tier`."""
-        found = set()
-        for t, tr in self._state.transfers.items():
-            src_tier, dst_tier = tr.tiers
-            if any((src_tier is tier and src == phys) or (dst_tier is tier and dst == phys) for _, src, dst in tr.pages):
-                found.add(t)
-        return found
+        key = _touch_key(tier, phys)
+        return {t for t, tr in self._state.transfers.items() if key in tr.touched}
 
     def _free_phys(self, tier: Tier, phys: int) -> None:
+        pool = self._state.pools[tier]
         blocking = self._transfers_on(tier, phys)
         if blocking:
-            self._state.pools[tier].deferred[phys] = blocking
+            pool.deferred[phys] = blocking
+            self._undo(functools.partial(pool.deferred.pop, phys))
         else:
-            self._state.pools[tier].free.append(phys)
+            pool.free.append(phys)
+            self._undo(pool.free.pop)
 
     def _drop_copy(self, name: int, tier: Tier) -> None:
-        self._free_phys(tier, self._state.pages[name].copies.pop(tier).phys)
+        copies = self._state.pages[name].copies
+        copy = copies.pop(tier)
+        self._undo(functools.partial(copies.__setitem__, tier, copy))
+        self._free_phys(tier, copy.phys)
 
     def _drop_holder(self, name: int) -> None:
-        page = self._state.pages[name]
+        pages = self._state.pages
+        page = pages[name]
         page.holders -= 1
+        self._undo(functools.partial(_add_holder, page))
         if page.holders == 0:
             for tier in list(page.copies):
                 self._drop_copy(name, tier)
-            del self._state.pages[name]
+            del pages[name]
+            self._undo(functools.partial(pages.__setitem__, name, page))
 
     def _release_ref(self, generation: int) -> None:
-        record = self._state.extents[generation]
+        extents = self._state.extents
+        record = extents[generation]
         record.refcount -= 1
+        self._undo(functools.partial(setattr, record, "refcount", record.refcount + 1))
         if record.refcount == 0:
-            del self._state.extents[generation]
+            del extents[generation]
+            self._undo(functools.partial(extents.__setitem__, generation, record))
             for page in record.pages:
                 self._drop_holder(page)
 
     def _retire_slot(self, slot: Slot) -> None:
+        self._undo(functools.partial(_set_fields, slot, live=slot.live, generation=slot.generation))
         slot.live = False
         slot.generation += 1
 
@@ -757,6 +866,7 @@ class LocalGPURuntime:
         st = self._state
         generation, st.next_extent = st.next_extent, st.next_extent + 1
         st.extents[generation] = Extent(tuple(pages), 1)
+        self._undo(functools.partial(_forget_extent, st, generation))
         return CacheExtentRef(self.runtime_id, st.epoch, generation, pageruns.coalesce(pages))
 
     def _publish(self, intent: Publish) -> CacheExtentRef:
@@ -769,7 +879,9 @@ class LocalGPURuntime:
             )
         pages = tuple(slot.pages[intent.first_page : intent.first_page + intent.page_count])
         for page in pages:
-            self._state.pages[page].holders += 1
+            record = self._state.pages[page]
+            record.holders += 1
+            self._undo(functools.partial(_drop_holder_count, record))
         return self._new_extent(pages)
 
     def _close(self, request: RequestRuntimeHandle, in_batch: int | None) -> None:
@@ -778,6 +890,7 @@ class LocalGPURuntime:
         self._retire_slot(slot)
         for page in slot.pages:
             self._drop_holder(page)
+        self._undo(functools.partial(_set_fields, slot, pages=slot.pages, num_tokens=slot.num_tokens, reserved_tokens=slot.reserved_tokens))
         slot.pages, slot.num_tokens, slot.reserved_tokens = [], 0, 0
 
     def _apply_intent(self, intent: Intent, batch_id: int | None) -> CacheExtentRef | TransferTicket | None:
@@ -834,6 +947,7 @@ class LocalGPURuntime:
         """Name the transfer, give each page a filling destination copy; the device work starts at commit."""
         st = self._state
         transfer_id, st.next_transfer = st.next_transfer, st.next_transfer + 1
+        self._undo(functools.partial(setattr, st, "next_transfer", transfer_id))
         record = Transfer(kind, generation, [], set(), TransferTicket(self.runtime_id, st.epoch, transfer_id, kind, generation, len(pages)))
         src_tier, dst_tier = record.tiers
         for name in pages:
@@ -843,8 +957,12 @@ class LocalGPURuntime:
                 record.waits_for |= self._transfers_on(src_tier, source.phys)
             destination = self._take_phys(dst_tier)
             page.copies[dst_tier] = Copy(destination, CopyState.FILLING)
+            self._undo(functools.partial(page.copies.pop, dst_tier))
             record.pages.append((name, source.phys, destination))
+            record.touched.add(_touch_key(src_tier, source.phys))
+            record.touched.add(_touch_key(dst_tier, destination))
         st.transfers[transfer_id] = record
+        self._undo(functools.partial(st.transfers.pop, transfer_id))
         if pages:
             self._to_launch.append(transfer_id)
         else:
@@ -854,24 +972,35 @@ class LocalGPURuntime:
     def _retire(self, transfer_id: int) -> None:
         """The transfer's copies are valid; deferred frees it blocked run; its completion is queued."""
         st = self._state
+        undo = self._undo
         record = st.transfers.pop(transfer_id)
+        undo(functools.partial(st.transfers.__setitem__, transfer_id, record))
         src_tier, dst_tier = record.tiers
+        believed_src, believed_dst = st.pools[src_tier].believed, st.pools[dst_tier].believed
         for name, src, dst in record.pages:
-            st.pools[dst_tier].believed[dst] = st.pools[src_tier].believed[src]
+            undo(functools.partial(believed_dst.__setitem__, dst, believed_dst[dst]))
+            believed_dst[dst] = believed_src[src]
             page = st.pages.get(name)
             target = page.copies.get(dst_tier) if page else None
             if target is not None and target.phys == dst:
+                undo(functools.partial(setattr, target, "state", target.state))
                 target.state = CopyState.VALID
         for tier in (Tier.L1, Tier.L2):
             pool = st.pools[tier]
             for phys in sorted(pool.deferred):
-                pool.deferred[phys].discard(transfer_id)
-                if not pool.deferred[phys]:
+                waiting = pool.deferred[phys]
+                if transfer_id not in waiting:
+                    continue
+                waiting.discard(transfer_id)
+                undo(functools.partial(waiting.add, transfer_id))
+                if not waiting:
                     del pool.deferred[phys]
                     pool.free.append(phys)
+                    undo(functools.partial(_unfree_deferred, pool, phys, waiting))
         st.unreported.append(TransferCompletion(record.ticket))
+        undo(st.unreported.pop)
 
-    def _await_restores(self, pages: list[int]) -> list[int]:
+    def _await_restores(self, pages: set[int]) -> list[int]:
         """Retire, in dependency order, every transfer filling an L1 copy of `pages`; return their ids.
 
         The bookkeeping retires them now; the device work is ordered by `_wait_kv_ready`
@@ -896,18 +1025,21 @@ class LocalGPURuntime:
     # Device work (after commit): ReqToToken, transfers, compute
     # ---------------------------------------------------------------------------------
 
-    def _write_req_to_token(self, rows: list[tuple[int, int, list[int]]]) -> None:
-        """Write each row's new token locations (`phys * page_size + offset`) on the compute stream.
+    def _write_req_to_token(self, slots: list[int], page_index: list[int], phys: list[int]) -> None:
+        """Map row page `page_index[i]` of slot `slots[i]` to physical page `phys[i]` in ReqToToken.
 
-        Compute reads the table in stream order after this, so no event is needed.
+        One indexed store on the compute stream writes every mapped page's `page_size`
+        token locations (`phys * page_size + offset`); the index reaches the device in one
+        pinned, non-blocking copy. Compute reads the table in stream order after this, so
+        no event is needed.
         """
-        page_size, table, device = self.page_size, self._table, self.device
+        if not slots:
+            return
+        table, offsets, page_size, device = self._table_pages, self._page_offsets, self.page_size, self.device
 
         def write() -> None:
-            for slot_id, first_token, phys_pages in rows:
-                if phys_pages:
-                    locations = [phys * page_size + offset for phys in phys_pages for offset in range(page_size)]
-                    table[slot_id, first_token : first_token + len(locations)] = to_device(locations, torch.int32, device)
+            index = to_device([slots, page_index, phys], torch.int64, device)
+            table[index[0], index[1]] = (index[2, :, None] * page_size + offsets).to(torch.int32)
 
         self._compute.submit(write)
 
@@ -937,8 +1069,9 @@ class LocalGPURuntime:
         result = self._compute.submit(lambda: runner.forward(memory, table, items))
         self._compute_event = self._compute.record()
         self._launch_started()
-        self._compute_event.synchronize()
-        return runner.finish(result.result().tolist(), items)
+        # Read the outputs in the compute stream's order: that one wait covers the batch.
+        outputs = self._compute.submit(lambda: result.result().tolist()).result()
+        return runner.finish(outputs, items)
 
     # ---------------------------------------------------------------------------------
     # Ordering steps (each one is what a mutant leaves out)
@@ -964,3 +1097,51 @@ def _close_streams(streams: tuple[Stream, ...]) -> None:
     """Stop the streams after their queued work (at `close`, collection or interpreter exit)."""
     for stream in streams:
         stream.close()
+
+
+# -------------------------------------------------------------------------------------
+# Undo steps (journal entries; module functions so that journaling one costs a partial)
+# -------------------------------------------------------------------------------------
+
+
+def _touch_key(tier: Tier, phys: int) -> int:
+    """`(tier, phys)` as one int (hashing a Tier member runs Python code)."""
+    return 2 * phys + (tier is Tier.L2)
+
+
+def _set_fields(record: Any, **values: Any) -> None:
+    for name, value in values.items():
+        setattr(record, name, value)
+
+
+def _add_holder(page: Page) -> None:
+    page.holders += 1
+
+
+def _drop_holder_count(page: Page) -> None:
+    page.holders -= 1
+
+
+def _forget_page(state: State, name: int) -> None:
+    del state.pages[name]
+    state.next_page = name
+
+
+def _forget_extent(state: State, generation: int) -> None:
+    del state.extents[generation]
+    state.next_extent = generation
+
+
+def _unfree_deferred(pool: Any, phys: int, waiting: set[int]) -> None:
+    pool.free.pop()
+    pool.deferred[phys] = waiting
+
+
+def _unfinish(state: State, batch_id: int, record: Batch) -> None:
+    del state.finished[batch_id]
+    state.batches[batch_id] = record
+
+
+def _restore_tags(page: Page, offset: int, versions: list[int], believed: list[tuple[int, ...]], phys: int, tags: tuple[int, ...]) -> None:
+    page.versions[offset : offset + len(versions)] = versions
+    believed[phys] = tags

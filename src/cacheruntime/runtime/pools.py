@@ -8,18 +8,44 @@ contiguous copy instead of `2 * layers` small strided ones (6.5 GB/s against ~55
 an H200, see the design brief). L2 is pinned when the device is CUDA, so those copies are
 asynchronous DMA on the transfer streams.
 
-A transfer gathers (or scatters) on the device side through a staging buffer in the
-page-first layout and moves maximal runs of consecutive host pages with one copy each.
-The functions here only issue the copies; the stream they run on and the events they wait
-for are the runtime's business (`cacheruntime.runtime.local`).
+The tier copies (`restore`, `backup`) are pipelined and row-indexed:
+
+- **Rows, not elements.** One page of L1 is `2 * layers` contiguous rows of
+  `page_size * heads * head_dim` elements. L1 is viewed as rows `[layers * 2 * pages, row]`
+  (reinterpreted as the widest integer the row allows, int64 for bf16), so the device-side
+  scatter (gather) is one `index_copy_` (`index_select`) of whole contiguous rows; the row
+  index is computed on the device from the page list, which arrives in one pinned,
+  non-blocking copy (a pageable copy would synchronize the transfer stream).
+- **Chunks.** Pages move in chunks (`chunk_bytes`) through two persistent staging buffers
+  per direction: the DMA of chunk i+1 (one copy per run of consecutive host pages) runs
+  while a side stream scatters chunk i into L1 (restore), or the side stream gathers
+  chunk i+1 while chunk i is copied to the host (backup), so only one chunk's device
+  copy adds to the DMA time.
+- **Ordering.** Both run with the runtime's transfer stream current (the "main" stream
+  here) and end with that stream waiting for everything they issued: the event the
+  runtime records after the call marks the pages ready (O1), and a backup's first gather
+  waits for the point at which the runtime made the stream wait for compute (O2).
+
+On CPU the same row math runs without streams.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from cacheruntime.pageruns import coalesce
 from cacheruntime.runtime.streams import to_device
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """`t` reinterpreted with the widest integer element its last dimension allows."""
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        size = torch.empty((), dtype=dtype).element_size()
+        if size >= t.element_size() and (t.shape[-1] * t.element_size()) % size == 0:
+            return t.view(dtype)
+    return t
 
 
 class KVMemory:
@@ -36,6 +62,7 @@ class KVMemory:
         heads: int,
         head_dim: int,
         dtype: torch.dtype,
+        chunk_bytes: int = 128 << 20,
     ):
         self.device = device
         self.page_shape = (layers, 2, page_size, heads, head_dim)
@@ -43,6 +70,24 @@ class KVMemory:
         self.l1 = torch.zeros(layers, 2, l1_pages, page_size, heads, head_dim, dtype=dtype, device=device)
         pin = device.type == "cuda" and l2_pages > 0
         self.l2 = torch.zeros(l2_pages, self.page_elems, dtype=dtype, pin_memory=pin)
+        self.lanes = layers * 2  # rows per page
+        self.l1_rows = _wide(self.l1).view(self.lanes * l1_pages, -1)
+        self.l2_rows = self.l2.view(self.l1_rows.dtype).view(l2_pages * self.lanes, self.l1_rows.shape[1])
+        self.cuda = device.type == "cuda"
+        self.chunk_pages = max(1, chunk_bytes // self.page_bytes)
+        if self.cuda:
+            self._lane_offsets = torch.arange(self.lanes, dtype=torch.int64, device=device) * l1_pages
+            if l2_pages:
+                rows = min(self.chunk_pages, l2_pages) * self.lanes
+                width, wide = self.l1_rows.shape[1], self.l1_rows.dtype
+                self._stage_in = [torch.empty(rows, width, dtype=wide, device=device) for _ in range(2)]
+                self._stage_out = [torch.empty(rows, width, dtype=wide, device=device) for _ in range(2)]
+                # High priority: a chunk's scatter (gather) is a short kernel that must not
+                # queue behind compute's, or the restore it finishes is exposed after all.
+                self._scatter = torch.cuda.Stream(device, priority=-1)
+                self._gather = torch.cuda.Stream(device, priority=-1)
+                self._in_free: list[Any] = [None, None]  # the scatter that last read stage_in[i]
+                self._out_free: list[Any] = [None, None]  # the D2H that last read stage_out[i]
 
     @property
     def page_bytes(self) -> int:
@@ -66,28 +111,74 @@ class KVMemory:
         index = torch.tensor(phys, dtype=torch.long)
         return self.l2.index_select(0, index).view(len(phys), *self.page_shape)
 
-    def backup(self, src_l1: list[int], dst_l2: list[int]) -> None:
-        """D2H: gather device pages into staging, then one copy per run of consecutive host pages."""
-        staging = self.read_l1(src_l1).reshape(len(src_l1), self.page_elems)
-        if self.device.type == "cpu":
-            self.l2.index_copy_(0, torch.tensor(dst_l2, dtype=torch.long), staging)
-            return
-        offset = 0
-        for run in coalesce(dst_l2):
-            self.l2[run.first_page : run.end].copy_(staging[offset : offset + run.page_count], non_blocking=True)
-            offset += run.page_count
+    def _row_index(self, l1_pages: list[int]) -> torch.Tensor:
+        """L1 row numbers of `l1_pages`, page-major (page j's rows are j*lanes .. j*lanes+lanes-1)."""
+        if not self.cuda:
+            pages = torch.tensor(l1_pages, dtype=torch.long)
+            return (torch.arange(self.lanes, dtype=torch.long)[None, :] * self.l1.shape[2] + pages[:, None]).reshape(-1)
+        pages = to_device(l1_pages, torch.int64, self.device)
+        return (pages[:, None] + self._lane_offsets[None, :]).reshape(-1)
+
+    def _host_rows(self, first_page: int, page_count: int) -> torch.Tensor:
+        return self.l2_rows[first_page * self.lanes : (first_page + page_count) * self.lanes]
 
     def restore(self, src_l2: list[int], dst_l1: list[int]) -> None:
-        """H2D: one copy per run of consecutive host pages into staging, then scatter into L1."""
-        n = len(src_l2)
-        if self.device.type == "cpu":
-            staging = self.l2.index_select(0, torch.tensor(src_l2, dtype=torch.long))
-        else:
-            staging = torch.empty(n, self.page_elems, dtype=self.l1.dtype, device=self.device)
+        """H2D of host pages `src_l2` into device pages `dst_l1`, on the current stream."""
+        index = self._row_index(dst_l1)
+        if not self.cuda:
+            rows = torch.cat([self._host_rows(run.first_page, run.page_count) for run in coalesce(src_l2)])
+            self.l1_rows.index_copy_(0, index, rows)
+            return
+        main, scatter, lanes = torch.cuda.current_stream(self.device), self._scatter, self.lanes
+        done = None
+        for n, first in enumerate(range(0, len(src_l2), self.chunk_pages)):
+            slot = n % 2
+            if self._in_free[slot] is not None:
+                main.wait_event(self._in_free[slot])
+            buf = self._stage_in[slot]
             offset = 0
-            for run in coalesce(src_l2):
-                staging[offset : offset + run.page_count].copy_(self.l2[run.first_page : run.end], non_blocking=True)
-                offset += run.page_count
-        pages = staging.view(n, *self.page_shape).permute(1, 2, 0, 3, 4, 5)
-        self.l1.index_copy_(2, to_device(dst_l1, torch.long, self.device), pages)
+            for run in coalesce(src_l2[first : first + self.chunk_pages]):
+                rows = run.page_count * lanes
+                buf[offset : offset + rows].copy_(self.l2_rows[run.first_page * lanes : run.end * lanes], non_blocking=True)
+                offset += rows
+            landed = main.record_event()
+            scatter.wait_event(landed)
+            with torch.cuda.stream(scatter):
+                lo = first * lanes
+                self.l1_rows.index_copy_(0, index[lo : lo + offset], buf[:offset])
+            done = self._in_free[slot] = scatter.record_event()
+        index.record_stream(scatter)
+        if done is not None:
+            main.wait_event(done)
 
+    def backup(self, src_l1: list[int], dst_l2: list[int]) -> None:
+        """D2H of device pages `src_l1` into host pages `dst_l2`, on the current stream."""
+        index = self._row_index(src_l1)
+        if not self.cuda:
+            rows = self.l1_rows.index_select(0, index)
+            offset = 0
+            for run in coalesce(dst_l2):
+                count = run.page_count * self.lanes
+                self._host_rows(run.first_page, run.page_count).copy_(rows[offset : offset + count])
+                offset += count
+            return
+        main, gather, lanes = torch.cuda.current_stream(self.device), self._gather, self.lanes
+        gather.wait_event(main.record_event())  # after the runtime's wait for compute (O2)
+        for n, first in enumerate(range(0, len(src_l1), self.chunk_pages)):
+            slot = n % 2
+            chunk = dst_l2[first : first + self.chunk_pages]
+            buf = self._stage_out[slot]
+            rows = len(chunk) * lanes
+            if self._out_free[slot] is not None:
+                gather.wait_event(self._out_free[slot])
+            with torch.cuda.stream(gather):
+                lo = first * lanes
+                torch.index_select(self.l1_rows, 0, index[lo : lo + rows], out=buf[:rows])
+            main.wait_event(gather.record_event())
+            offset = 0
+            for run in coalesce(chunk):
+                count = run.page_count * lanes
+                self.l2_rows[run.first_page * lanes : run.end * lanes].copy_(buf[offset : offset + count], non_blocking=True)
+                offset += count
+            self._out_free[slot] = main.record_event()
+        index.record_stream(gather)

@@ -18,6 +18,7 @@ batch reads (O1) before it calls `forward`.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import attrs
 import torch
@@ -48,9 +49,11 @@ class DecoderConfig:
         return getattr(torch, self.dtype)
 
 
-@attrs.frozen
-class ComputeItem:
-    """One item as compute sees it: row `slot` computes positions `start .. end-1`."""
+class ComputeItem(NamedTuple):
+    """One item as compute sees it: row `slot` computes positions `start .. end-1`.
+
+    A NamedTuple rather than an attrs class: the runtime builds one per item per step.
+    """
 
     slot: int
     start: int

@@ -1,15 +1,25 @@
 """The runtime's bookkeeping: slots, page names, free lists, extents, batches, transfers.
 
 This is the part of `LocalGPURuntime` that says *what* is where; tensors, streams and
-events (the *how*) are kept apart from it, so that a call can run its bookkeeping on a
-copy and commit it only when every precondition held (atomicity), and so that nothing
-here can ever leak a device object. It mirrors the reference model's state record for
-record, because the model's behaviour is the contract.
+events (the *how*) are kept apart from it, so that nothing here can ever leak a device
+object. It mirrors the reference model's state record for record, because the model's
+behaviour is the contract, with two differences of representation that keep a call's cost
+proportional to what it touches:
+
+- free lists are deques (the allocator takes from the front, frees go to the back, as in
+  the model's lists);
+- only *prepared* batches keep a full record (`State.batches`); an executed or cancelled
+  batch leaves a compact outcome, `(state, slots)`, in `State.finished`, which is all
+  that `AlreadyExecuted`/`NotPrepared` and `probe()` need.
+
+Nothing here is ever copied wholesale: a call checks its preconditions before it
+mutates, and the mutations that can be followed by a failed check (intents applied in
+order) are undone from the call's journal (`cacheruntime.runtime.local`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from cacheruntime.protocol import BatchPlan, CopyState, Tier, TransferCompletion, TransferKind, TransferTicket
@@ -56,13 +66,9 @@ class Pool:
     """
 
     total: int
-    free: list[int]
+    free: deque[int]
     believed: list[tuple[int, ...]]
     deferred: dict[int, set[int]] = field(default_factory=dict)  # phys -> transfers it waits for
-
-    def clone(self) -> Pool:
-        # `believed` holds immutable tuples: a shallow copy of the list is a deep copy.
-        return Pool(self.total, list(self.free), list(self.believed), {p: set(t) for p, t in self.deferred.items()})
 
 
 @dataclass
@@ -75,9 +81,13 @@ class Extent:
 
 @dataclass
 class Batch:
-    """A batch handle's record: plan, state, and the row lengths and page counts it spans."""
+    """A prepared batch's record: plan, state, and the row lengths and page counts it spans.
 
-    plan: BatchPlan
+    For an executed or cancelled batch (`State.finished`) only `state` and the keys of
+    `end_tokens` (its slots) are meaningful; `plan` is None.
+    """
+
+    plan: BatchPlan | None
     state: str  # prepared | executed | cancelled
     end_tokens: dict[int, int]  # slot -> reserved length after this batch
     start_tokens: dict[int, int]  # slot -> reserved length before it (for cancel)
@@ -93,6 +103,7 @@ class Transfer:
     pages: list[tuple[int, int, int]]
     waits_for: set[int]
     ticket: TransferTicket
+    touched: set[int] = field(default_factory=set)  # 2 * phys + (tier is L2) of each page it reads or writes
 
     @property
     def tiers(self) -> tuple[Tier, Tier]:
@@ -109,7 +120,8 @@ class State:
     pages: dict[int, Page]
     pools: dict[Tier, Pool]
     extents: dict[int, Extent] = field(default_factory=dict)
-    batches: dict[int, Batch] = field(default_factory=dict)
+    batches: dict[int, Batch] = field(default_factory=dict)  # prepared batches only
+    finished: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # batch -> (state, sorted slots)
     transfers: dict[int, Transfer] = field(default_factory=dict)
     unreported: list[TransferCompletion] = field(default_factory=list)
     next_page: int = 0
@@ -119,29 +131,6 @@ class State:
     next_version: int = 1
     calls: Counter = field(default_factory=Counter)
 
-    def clone(self) -> State:
-        """A copy that shares nothing mutable: what a call runs its bookkeeping on.
-
-        Written out rather than `copy.deepcopy` because it runs on every boundary call:
-        plans, tickets and completions are frozen values and are shared, not copied.
-        """
-        return State(
-            epoch=self.epoch,
-            slots=[Slot(s.generation, s.live, list(s.pages), s.num_tokens, s.reserved_tokens, s.produced, s.appended, s.last_output) for s in self.slots],
-            pages={n: Page(p.holders, list(p.versions), {t: Copy(c.phys, c.state) for t, c in p.copies.items()}) for n, p in self.pages.items()},
-            pools={tier: pool.clone() for tier, pool in self.pools.items()},
-            extents={g: Extent(e.pages, e.refcount) for g, e in self.extents.items()},
-            batches={b: Batch(r.plan, r.state, dict(r.end_tokens), dict(r.start_tokens), dict(r.start_pages)) for b, r in self.batches.items()},
-            transfers={t: Transfer(r.kind, r.extent_generation, list(r.pages), set(r.waits_for), r.ticket) for t, r in self.transfers.items()},
-            unreported=list(self.unreported),
-            next_page=self.next_page,
-            next_extent=self.next_extent,
-            next_batch=self.next_batch,
-            next_transfer=self.next_transfer,
-            next_version=self.next_version,
-            calls=Counter(self.calls),
-        )
-
 
 def fresh_state(epoch: int, generations: list[int], believed: dict[Tier, list[tuple[int, ...]]], next_version: int) -> State:
     """The state an epoch starts in: every slot free, every physical page on its free list."""
@@ -149,6 +138,6 @@ def fresh_state(epoch: int, generations: list[int], believed: dict[Tier, list[tu
         epoch=epoch,
         slots=[Slot(generation=g) for g in generations],
         pages={},
-        pools={tier: Pool(len(content), list(range(len(content))), list(content)) for tier, content in believed.items()},
+        pools={tier: Pool(len(content), deque(range(len(content))), list(content)) for tier, content in believed.items()},
         next_version=next_version,
     )

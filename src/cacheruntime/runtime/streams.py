@@ -130,10 +130,10 @@ class CudaStream:
 
     _cycles_per_second: float | None = None
 
-    def __init__(self, name: str, device: torch.device):
+    def __init__(self, name: str, device: torch.device, priority: int = 0):
         self.name = name
         self.device = device
-        self._stream = torch.cuda.Stream(device)
+        self._stream = torch.cuda.Stream(device, priority=priority)
 
     def submit(self, fn: Callable[[], Any]) -> Ready:
         """Run `fn` with this stream current, so every kernel it launches is queued here."""
@@ -192,6 +192,6 @@ def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> to
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def make_stream(name: str, device: torch.device) -> Stream:
-    """A stream of the kind the device needs."""
-    return CudaStream(name, device) if device.type == "cuda" else CpuStream(name)
+def make_stream(name: str, device: torch.device, priority: int = 0) -> Stream:
+    """A stream of the kind the device needs; on CUDA, a lower `priority` number is served first."""
+    return CudaStream(name, device, priority) if device.type == "cuda" else CpuStream(name)

@@ -1,0 +1,128 @@
+"""`cacheruntime conformance`: hold a runtime to the reference model from the command line.
+
+    cacheruntime conformance --runtime MODULE:FACTORY [--option key=value ...]
+        [--profile ci|deep] [--check NAME ...] [--expected FILE] [--junitxml PATH]
+    cacheruntime conformance --mutants      # kill table of the suite's own mutants
+
+Exit 0 when every check that ran passed or failed as expected; 1 on a new failure.
+A failure prints the ids it is evidence for and a runnable Python reproduction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from xml.etree import ElementTree
+
+from cacheruntime.conformance import expected as expected_file
+from cacheruntime.conformance.profiles import DEFAULT_DATABASE, profile
+from cacheruntime.conformance.runner import Outcome, claims_report, run_check
+from cacheruntime.conformance.statemachine import CHECKS
+from cacheruntime.conformance.target import Target
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime", metavar="MODULE:FACTORY", help="factory returning a fresh runtime")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="factory kwarg (repeatable)")
+    parser.add_argument("--profile", choices=("ci", "deep"), default="ci", help="ci: derandomized, bounded; deep: randomized, saved")
+    parser.add_argument("--database", default=DEFAULT_DATABASE, help="example database directory of the deep profile")
+    parser.add_argument("--max-examples", type=int, default=None, help="override the profile's number of cases per check")
+    parser.add_argument("--check", action="append", choices=sorted(CHECKS), help="run only these checks (repeatable)")
+    parser.add_argument("--expected", metavar="FILE", help="TOML expected-failures file")
+    parser.add_argument("--junitxml", metavar="PATH", help="write a JUnit XML report")
+    parser.add_argument("--mutants", action="store_true", help="run the suite against its mutants and print the kill table")
+    parser.add_argument("--shrink", action="store_true", help="with --mutants: shrink each kill (slow; steps then minimal)")
+    parser.add_argument("--no-shrink", action="store_true", help="report the first failing sequence unshrunk (faster gate)")
+
+
+def _write_junit(path: str, target: str, outcomes: list[Outcome], expected: dict[str, str]) -> None:
+    suite = ElementTree.Element(
+        "testsuite", name="cacheruntime-conformance", tests=str(len(outcomes)),
+        failures=str(sum(o.status == "failed" and o.check not in expected for o in outcomes)),
+        skipped=str(sum(o.status == "skipped" or o.check in expected for o in outcomes)),
+    )
+    for o in outcomes:
+        case = ElementTree.SubElement(suite, "testcase", classname=target, name=o.check, time=f"{o.seconds:.3f}")
+        if o.status == "skipped":
+            ElementTree.SubElement(case, "skipped", message=o.message)
+        elif o.status == "failed" and o.check in expected:
+            ElementTree.SubElement(case, "skipped", message=f"expected failure: {expected[o.check]}")
+        elif o.status == "failed":
+            node = ElementTree.SubElement(case, "failure", message=o.message[:500])
+            node.text = o.message + "\n\n" + o.script
+    ElementTree.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+
+
+def run_target(args: argparse.Namespace) -> int:
+    target = Target.parse(args.runtime, args.option)
+    entries = expected_file.load(args.expected) if args.expected else ()
+    settings = profile(args.profile, args.database, args.max_examples, shrink=not args.no_shrink)
+    info = target.new().info()
+    print(f"conformance of {target} ({info.runtime_id}, profile {args.profile})")
+    for line in claims_report(info.capabilities):
+        print(f"  {line}")
+    outcomes, tolerated, new = [], {}, 0
+    for check in args.check or list(CHECKS):
+        outcome = run_check(target, check, settings)
+        outcomes.append(outcome)
+        entry = expected_file.expected_by(entries, outcome)
+        if outcome.status == "failed" and entry is not None:
+            tolerated[check] = entry.reason
+            print(f"{check:10} XFAIL   {outcome.seconds:6.1f}s  [{', '.join(outcome.ids)}] expected: {entry.reason}")
+        elif outcome.status == "failed":
+            new += 1
+            print(f"{check:10} FAILED  {outcome.seconds:6.1f}s  {outcome.message}")
+            print(f"\n# ---- shrunk reproduction ({outcome.steps} calls) ----\n{outcome.script}")
+        elif outcome.status == "skipped":
+            print(f"{check:10} SKIPPED          {outcome.message}")
+        else:
+            print(f"{check:10} passed  {outcome.seconds:6.1f}s  {CHECKS[check].about}")
+    for entry in expected_file.now_passing(entries, outcomes):
+        print(f"XPASS: expected failure {entry.id!r} did not occur ({entry.reason}); remove it from {args.expected}")
+    if args.junitxml:
+        _write_junit(args.junitxml, str(target), outcomes, tolerated)
+    print(f"{'FAILED' if new else 'OK'}: {new} new failure(s), {len(tolerated)} expected")
+    return 1 if new else 0
+
+
+def kill_table(shrink: bool, names: list[str] | None = None) -> tuple[list[tuple], bool]:
+    """Rows (mutant, invariant, killed, check, ids, steps, seconds) and whether every mutant died.
+
+    `killed` is True, False, or "latent" for a surviving mutant documented as not killable yet.
+    """
+    from cacheruntime.conformance.mutants import MUTANTS
+
+    settings = profile("ci", shrink=shrink)
+    rows = []
+    for name in names or list(MUTANTS):
+        mutant, started, killer = MUTANTS[name], time.monotonic(), None
+        for check in CHECKS:
+            outcome = run_check(mutant.target, check, settings)
+            if outcome.status == "failed":
+                killer = outcome
+                break
+        rows.append((
+            name, mutant.invariant, killer is not None or bool(mutant.latent) and "latent", killer.check if killer else "-",
+            ",".join(killer.ids) if killer else "-", killer.steps if killer else "-", time.monotonic() - started,
+        ))
+    return rows, all(row[2] for row in rows)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.mutants:
+        print(f"{'mutant':34} {'id':4} {'killed':6} {'by check':9} {'detected as':32} {'steps':>5} {'time':>6}")
+        rows, all_killed = kill_table(args.shrink)
+        for name, invariant, killed, check, ids, steps, seconds in rows:
+            verdict = "latent" if killed == "latent" else "yes" if killed else "NO"
+            print(f"{name:34} {invariant:4} {verdict:6} {check:9} {ids:32} {steps!s:>5} {seconds:5.1f}s")
+        latent = [r[0] for r in rows if r[2] == "latent"]
+        print(f"{sum(r[2] is True for r in rows)}/{len(rows)} mutants killed; latent (need a runtime knob): {', '.join(latent) or 'none'}")
+        return 0 if all_killed else 1
+    if not args.runtime:
+        print("cacheruntime conformance: give --runtime MODULE:FACTORY (or --mutants)", file=sys.stderr)
+        return 2
+    if args.junitxml:
+        Path(args.junitxml).parent.mkdir(parents=True, exist_ok=True)
+    return run_target(args)

@@ -1,0 +1,51 @@
+"""Deliberately broken runtimes, each violating one invariant: the suite must kill every one.
+
+A mutant that survives the CI profile is a blind spot of the suite;
+`tests/conformance/test_mutants.py` asserts none survives and
+`cacheruntime conformance --mutants` prints the kill table.
+
+Two families, each a `MODULE:FACTORY` target like any runtime under test:
+`local.*` subclass `LocalGPURuntime` and override one of its guard or ordering methods
+(the real bugs an engine would have); `model.*` break the suite's own model runtime
+(`cacheruntime.conformance.selftest`), so the suite is tested even where the runtime
+does not expose a guard (a corrupted restore, a non-atomic submit, a split that keeps
+its parent).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from cacheruntime.conformance.mutants import local as _local
+from cacheruntime.conformance.mutants import model as _model
+from cacheruntime.conformance.target import Target
+
+_FAMILIES = {"local": _local.MUTANTS, "model": _model.MUTANTS}
+
+
+@attrs.frozen
+class Mutant:
+    """A broken runtime: its name (family.bug), the invariant it violates, and how."""
+
+    name: str
+    invariant: str
+    how: str
+    latent: str = ""  # non-empty: the suite cannot kill it yet, and why (see the class)
+
+    @property
+    def target(self) -> Target:
+        """The factory target that builds this mutant."""
+        return Target("cacheruntime.conformance.mutants:build", (("name", self.name),))
+
+
+MUTANTS: dict[str, Mutant] = {
+    f"{family}.{name}": Mutant(f"{family}.{name}", cls.invariant, cls.__doc__.splitlines()[0], cls.latent)
+    for family, classes in _FAMILIES.items()
+    for name, cls in classes.items()
+}
+
+
+def build(name: str, **options):
+    """Factory: a fresh instance of mutant `name` ("local.double_free", "model.corrupt_restore", ...)."""
+    family, _, bug = name.partition(".")
+    return _FAMILIES[family][bug](**options)

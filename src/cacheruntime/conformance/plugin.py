@@ -1,0 +1,75 @@
+"""The pytest plugin: run the conformance suite inside an engine team's own pytest.
+
+Installed with cacheruntime (entry point `pytest11: cacheruntime`). A project adds one
+test module containing
+
+    from cacheruntime.conformance.suite import *  # noqa: F403
+
+and runs `pytest --cacheruntime-factory MODULE:FACTORY [--cacheruntime-option key=value]
+[--cacheruntime-expected FILE] [--cacheruntime-profile deep]`. Without the factory option
+the suite's tests skip, so the module is harmless in runs that do not ask for it. The
+terminal summary lists the checks skipped for lack of a claim and expected failures that
+no longer fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cacheruntime.conformance import expected as expected_file
+from cacheruntime.conformance.profiles import DEFAULT_DATABASE
+from cacheruntime.conformance.runner import Outcome, claims_report
+from cacheruntime.conformance.target import Target
+
+_OUTCOMES = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cacheruntime", "cacheruntime conformance suite")
+    group.addoption("--cacheruntime-factory", default=None, metavar="MODULE:FACTORY", help="runtime under test")
+    group.addoption("--cacheruntime-option", action="append", default=[], metavar="KEY=VALUE", help="factory kwarg")
+    group.addoption("--cacheruntime-expected", default=None, metavar="FILE", help="TOML expected-failures file")
+    group.addoption("--cacheruntime-profile", choices=("ci", "deep"), default="ci", help="Hypothesis profile of the suite")
+    group.addoption("--cacheruntime-database", default=DEFAULT_DATABASE, help="example database of the deep profile")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_OUTCOMES] = []
+
+
+@pytest.fixture(scope="session")
+def cacheruntime_target(request: pytest.FixtureRequest) -> Target:
+    """The runtime under test from `--cacheruntime-factory`; skips the suite when it is not given."""
+    spec = request.config.getoption("--cacheruntime-factory")
+    if not spec:
+        pytest.skip("no --cacheruntime-factory given")
+    return Target.parse(spec, request.config.getoption("--cacheruntime-option"))
+
+
+@pytest.fixture(scope="session")
+def cacheruntime_expected(request: pytest.FixtureRequest) -> tuple[expected_file.Expected, ...]:
+    """The entries of `--cacheruntime-expected`, or none."""
+    path = request.config.getoption("--cacheruntime-expected")
+    return expected_file.load(path) if path else ()
+
+
+@pytest.fixture(scope="session")
+def cacheruntime_record(request: pytest.FixtureRequest):
+    """Keep each check's outcome for the terminal summary."""
+    return request.config.stash[_OUTCOMES].append
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    spec = config.getoption("--cacheruntime-factory")
+    outcomes: list[Outcome] = config.stash.get(_OUTCOMES, [])
+    if not spec or not outcomes:
+        return
+    target = Target.parse(spec, config.getoption("--cacheruntime-option"))
+    terminalreporter.section("cacheruntime conformance")
+    terminalreporter.write_line(f"runtime: {target}")
+    for line in claims_report(target.new().info().capabilities):
+        terminalreporter.write_line(f"  {line}")
+    path = config.getoption("--cacheruntime-expected")
+    if path:
+        for entry in expected_file.now_passing(expected_file.load(path), outcomes):
+            terminalreporter.write_line(f"XPASS: expected failure {entry.id!r} did not occur ({entry.reason}); remove it from {path}")

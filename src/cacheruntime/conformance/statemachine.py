@@ -1,0 +1,626 @@
+"""The conformance state machine: the runtime under test and the reference model, call by call.
+
+Hypothesis drives both with the same calls (valid and deliberately invalid) and the
+machine compares every outcome: the returned value (the protocol fixes page names,
+generations and ids, so values must be equal), or the error type (and `OutOfPages`
+numbers). Transfer timing belongs to the runtime: what it reports as completed (by
+`poll_completions`, `wait_completions`, or, with INTROSPECTION, by no longer listing a
+transfer in `probe()`) is fed into the model with `complete_transfer`, and a completion
+the model cannot have yet is a failure.
+
+With INTROSPECTION the invariant predicates of `cacheruntime.invariants` judge the
+runtime's own `probe()` after every step, a failed call must leave `probe()` unchanged
+(H1), and the runtime's abstract state must match the model's where the contract fixes
+it (page names, holders, copy states, tags, extents, batches, transfers, free counts,
+boundary calls); physical page numbers are the runtime's own. B2 judges every value
+returned. With TAGGED_COMPUTE `next_token` and the copies' tags must equal the model's (D1).
+
+`machine_for` builds the machine for one runtime factory and one check; a failure's
+notes are the shrunk call sequence, which `reproduction` turns into a runnable script.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis import event
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, precondition, rule
+
+from cacheruntime import invariants, pageruns
+from cacheruntime.conformance.failure import ConformanceFailure, ids_for_error_mismatch
+from cacheruntime.conformance.target import Target, model_for
+from cacheruntime.protocol import (
+    AbstractState,
+    Backup,
+    BatchCompletion,
+    BatchItem,
+    BatchPlan,
+    CacheExtentRef,
+    CacheRuntimeError,
+    Capability,
+    Close,
+    CopyState,
+    Demote,
+    Drop,
+    OutOfPages,
+    PageRun,
+    PreparedBatchHandle,
+    Publish,
+    Release,
+    RequestRuntimeHandle,
+    Restore,
+    RuntimeInfo,
+    Tier,
+)
+
+#: Seconds per transfer asked of a runtime with DELAY_KNOB in the ordering check: long
+#: enough that a missing wait reads unfinished bytes, short enough for CI.
+ORDERING_DELAY = 0.02
+
+
+@attrs.frozen
+class Check:
+    """One named run of the machine: which rule families it enables and what it needs claimed."""
+
+    name: str
+    needs: frozenset[Capability]
+    tiers: bool  # Backup/Restore/Demote/Drop as intents and through submit
+    restart: bool
+    delay: float  # set_transfer_delay at the start of every case (0: leave the runtime's timing)
+    about: str
+
+
+CHECKS: dict[str, Check] = {
+    c.name: c
+    for c in (
+        Check("core", frozenset(), False, False, 0.0, "requests, batches, extents, completions and misuse"),
+        Check("tiers", frozenset({Capability.L2}), True, False, 0.0, "backup, restore, demote and drop, in plans and submit"),
+        Check("restart", frozenset({Capability.RESTART}), True, True, 0.0, "restart with work in flight; every old handle stale"),
+        Check(
+            "ordering", frozenset({Capability.L2, Capability.DELAY_KNOB}), True, False, ORDERING_DELAY,
+            "O1-O3 with slow transfers (delay knob): compute and reuse wait for transfers",
+        ),
+    )
+}
+
+
+def _outcome(call):
+    """Run `call`; return (value, None) or (None, typed error). Untyped exceptions propagate."""
+    try:
+        return call(), None
+    except CacheRuntimeError as error:
+        return None, error
+
+
+def _same_error(a: CacheRuntimeError, b: CacheRuntimeError) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, OutOfPages):
+        return (a.tier, a.needed, a.free) == (b.tier, b.needed, b.free)
+    return True
+
+
+def _describe_error(error: CacheRuntimeError) -> str:
+    if isinstance(error, OutOfPages):
+        return f"OutOfPages({error.tier.value}, needed={error.needed}, free={error.free})"
+    return type(error).__name__
+
+
+def projection(state: AbstractState, tagged: bool) -> dict[str, tuple[str, object]]:
+    """The parts of an abstract state the contract fixes, each with the id a mismatch is evidence for.
+
+    Physical page numbers are left out (they are the runtime's choice); free counts are
+    kept. Tags are compared only for valid copies and only from TAGGED_COMPUTE runtimes.
+    """
+    return {
+        "epoch": ("probe:epoch", state.epoch),
+        "slots": ("probe:slots", state.slots),
+        "pages": ("probe:pages", tuple((p.page, p.holders, p.l1, p.l2, p.versions) for p in state.pages)),
+        "tags": (
+            "D1",
+            tuple(
+                (p.page, p.l1_tags if p.l1 is CopyState.VALID else None, p.l2_tags if p.l2 is CopyState.VALID else None)
+                for p in state.pages
+            )
+            if tagged
+            else (),
+        ),
+        "extents": ("probe:extents", state.extents),
+        "batches": ("probe:batches", tuple((b.batch_id, b.state, b.slots) for b in state.batches)),
+        "transfers": ("probe:transfers", tuple((t.transfer_id, t.kind, t.pages) for t in state.transfers)),
+        "free": ("probe:free", tuple(sorted((pool.tier.value, len(pool.free)) for pool in state.pools))),
+        "boundary_calls": ("B1", state.boundary_calls),
+    }
+
+
+def _without_tokens(value):
+    """A BatchCompletion with every next_token blanked, for runtimes without TAGGED_COMPUTE."""
+    if isinstance(value, BatchCompletion):
+        return attrs.evolve(value, items=tuple(attrs.evolve(i, next_token=None) for i in value.items))
+    return value
+
+
+class RuntimeConformance(RuleBasedStateMachine):
+    """Base of the machines `machine_for` builds; holds the comparison harness, not the rules' sizes."""
+
+    target: Target
+    check: Check
+    info: RuntimeInfo
+
+    def __init__(self):
+        super().__init__()
+        self.runtime = None
+        self.model = None
+
+    # -- harness ----------------------------------------------------------------------
+
+    def _claims(self, capability: Capability) -> bool:
+        return capability in self.info.capabilities
+
+    def _probe(self) -> AbstractState | None:
+        return self.runtime.probe() if self._claims(Capability.INTROSPECTION) else None
+
+    def _sync(self) -> None:
+        """Complete in the model every transfer the runtime's probe no longer lists as in flight."""
+        if not self._claims(Capability.INTROSPECTION):
+            return
+        live = {t.transfer_id for t in self.runtime.probe().transfers}
+        done = [t for t in self.model.state.transfers if t not in live]
+        while done:
+            ready = [t for t in done if t in self.model.completable()]
+            if not ready:
+                raise ConformanceFailure(
+                    ("O3",),
+                    f"transfers {done} completed before the transfers they wait for "
+                    f"({ {t: sorted(self.model.state.transfers[t].waits_for) for t in done} })",
+                )
+            self.model.complete_transfer(ready[0])
+            done.remove(ready[0])
+
+    def _live_extent(self, i: int) -> CacheExtentRef:
+        """The i-th (modulo) extent live in the model, as the ref the runtime issued for it."""
+        live = sorted(self.model.state.extents.items())
+        generation, record = live[i % len(live)]
+        return CacheExtentRef(self.info.runtime_id, self.model.state.epoch, generation, pageruns.coalesce(record.pages))
+
+    def _judge(self, operation: str, before: AbstractState | None, value: object = None) -> None:
+        """After a successful call: B2 on the value, then (INTROSPECTION) invariants and the model match."""
+        bad = invariants.B2_plain_values(value, f"{operation}()")
+        if bad:
+            raise ConformanceFailure(("B2",), "; ".join(bad))
+        self._sync()
+        after = self._probe()
+        if after is None:
+            return
+        found: dict[str, list[str]] = {}
+        for invariant, predicate in invariants.STATE_INVARIANTS.items():
+            found[invariant] = predicate(after)
+        for invariant, predicate in invariants.TRANSITION_INVARIANTS.items():
+            found[invariant] = predicate(before, after)
+        found["H3"] = invariants.H3_one_live_handle(after, self.issued)
+        violated = {k: v for k, v in found.items() if v}
+        if violated:
+            raise ConformanceFailure(
+                tuple(violated), f"after {operation}: " + "; ".join(f"{k}: {v[0]}" for k, v in violated.items())
+            )
+        self._match_model(operation, after)
+
+    def _match_model(self, operation: str, state: AbstractState) -> None:
+        tagged = self._claims(Capability.TAGGED_COMPUTE)
+        mine, theirs = projection(state, tagged), projection(self.model.probe(), tagged)
+        diff = [key for key in mine if mine[key][1] != theirs[key][1]]
+        if diff:
+            raise ConformanceFailure(
+                tuple(dict.fromkeys(mine[k][0] for k in diff)),
+                f"after {operation}, probe() differs from the model in "
+                + "; ".join(f"{k}: runtime {mine[k][1]!r}, model {theirs[k][1]!r}" for k in diff),
+            )
+
+    def _call(self, operation: str, *args):
+        """Make the same call on the runtime and the model and hold the runtime to the model's outcome."""
+        self._sync()
+        before = self._probe()
+        expected, model_error = _outcome(lambda: getattr(self.model, operation)(*args))
+        try:
+            actual, error = _outcome(lambda: getattr(self.runtime, operation)(*args))
+        except Exception as crash:
+            raise ConformanceFailure(
+                (f"contract:{operation}",), f"{operation} raised {type(crash).__name__}: {crash} (not a CacheRuntimeError)"
+            ) from crash
+        if currently_in_test_context():  # outcome statistics (--hypothesis-show-statistics); not in a replayed script
+            event(f"{operation}: {type(model_error).__name__ if model_error else 'ok'}")
+        if model_error is not None and error is None:
+            raise ConformanceFailure(
+                ids_for_error_mismatch(operation, model_error),
+                f"{operation} returned {actual!r}; the model raised {_describe_error(model_error)}: {model_error}",
+            )
+        if error is not None and model_error is None:
+            raise ConformanceFailure(
+                (f"contract:{operation}",), f"{operation} raised {_describe_error(error)}: {error}; the model returned {expected!r}"
+            )
+        if error is not None:
+            if not _same_error(error, model_error):
+                raise ConformanceFailure(
+                    (f"contract:{operation}",),
+                    f"{operation} raised {_describe_error(error)}; the model raised {_describe_error(model_error)}: {model_error}",
+                )
+            self._judge_failed(operation, before)
+            return None
+        self._judge(operation, before, actual)
+        if not self._claims(Capability.TAGGED_COMPUTE):
+            actual, expected = _without_tokens(actual), _without_tokens(expected)
+        if isinstance(actual, RuntimeInfo):
+            actual, expected = _fixed_info(actual), _fixed_info(expected)
+        if actual != expected:
+            ids = ("D1",) if _only_tokens_differ(actual, expected) else (f"contract:{operation}",)
+            raise ConformanceFailure(ids, f"{operation} returned {actual!r}; the model returned {expected!r}")
+        if isinstance(actual, RequestRuntimeHandle):
+            self.issued.append(actual)
+        return actual
+
+    def _judge_failed(self, operation: str, before: AbstractState | None) -> None:
+        """A call that raised must change nothing (H1): probe() as before, unless a transfer completed meanwhile."""
+        after = self._probe()
+        if after is None:
+            return
+        if after.transfers == before.transfers and after != before:
+            raise ConformanceFailure(
+                ("H1",), f"{operation} raised but changed the state: " + "; ".join(invariants.H1_failed_call_changes_nothing(before, after))
+            )
+        self._sync()
+        self._match_model(operation, self.runtime.probe())
+
+    def _completions(self, operation: str) -> tuple:
+        """poll/wait: feed what the runtime reports into the model, then compare the reports."""
+        self._sync()
+        before = self._probe()
+        try:
+            reported = getattr(self.runtime, operation)()
+        except Exception as crash:
+            raise ConformanceFailure((f"contract:{operation}",), f"{operation} raised {type(crash).__name__}: {crash}") from crash
+        for completion in reported:
+            transfer_id = completion.ticket.transfer_id
+            if transfer_id in self.model.state.transfers:
+                if transfer_id not in self.model.completable():
+                    raise ConformanceFailure(
+                        ("O3",), f"{operation} reported transfer {transfer_id} before the transfers it waits for"
+                    )
+                self.model.complete_transfer(transfer_id)
+        expected = getattr(self.model, operation)()
+        # Completion order is the runtime's (the model cannot know it); the set must agree.
+        ids = [c.ticket.transfer_id for c in reported]
+        by_id = lambda cs: sorted(cs, key=lambda c: c.ticket.transfer_id)  # noqa: E731
+        if len(set(ids)) != len(ids) or by_id(reported) != by_id(expected):
+            raise ConformanceFailure(
+                (f"contract:{operation}",), f"{operation} reported {reported!r}; the model has {expected!r} completed and unreported"
+            )
+        self._judge(operation, before, reported)
+        return reported
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.runtime = self.target.new()
+        info = self.runtime.info()
+        bad = invariants.B2_plain_values(info, "info()")
+        if bad:
+            raise ConformanceFailure(("B2",), "; ".join(bad))
+        self.info = info
+        self.model = model_for(info)
+        expected = self.model.info()
+        if _fixed_info(info) != _fixed_info(expected):
+            raise ConformanceFailure(("contract:info",), f"a fresh runtime's info() is {info!r}; expected epoch 0")
+        if self.check.delay:
+            self.runtime.set_transfer_delay(self.check.delay)
+        self.issued: list[RequestRuntimeHandle] = []
+
+    def teardown(self) -> None:
+        """Leave no transfer running into the next case (a fresh runtime is made anyway)."""
+        if self.runtime is not None and hasattr(self.runtime, "close"):
+            self.runtime.close()
+
+
+def _fixed_info(info: RuntimeInfo) -> RuntimeInfo:
+    """The fields of info() the model can predict: not the claims or page bytes, which are the runtime's."""
+    return attrs.evolve(info, capabilities=frozenset(), page_bytes=0)
+
+
+def _only_tokens_differ(actual, expected) -> bool:
+    return (
+        isinstance(actual, BatchCompletion)
+        and isinstance(expected, BatchCompletion)
+        and _without_tokens(actual) == _without_tokens(expected)
+    )
+
+
+def machine_for(target: Target | str, options: dict | None = None, check: str = "core") -> type[RuntimeConformance]:
+    """The state machine class for one runtime and one check, sized from the runtime's info().
+
+    Called with a spec string and options (as printed at the top of a reproduction) or a
+    `Target`. One runtime is made here to read sizes and claims; each test case makes its own.
+    """
+    if isinstance(target, str):
+        target = Target(target, tuple(sorted((options or {}).items())))
+    the_check = CHECKS[check]
+    info = target.new().info()
+    rid, ps = info.runtime_id, info.page_size
+    row_pages = info.max_request_tokens // ps
+    tiers = the_check.tiers and Capability.L2 in info.capabilities
+
+    requests = Bundle("requests")
+    extents = Bundle("extents")
+    batches = Bundle("batches")
+
+    tokens = st.lists(st.integers(0, 99), max_size=2 * ps + 1).map(tuple)
+    some_tokens = st.lists(st.integers(0, 99), min_size=1, max_size=2 * ps + 1).map(tuple)
+    attach = st.one_of(st.just(()), st.lists(extents, min_size=1, max_size=2).map(tuple))
+    item = st.builds(BatchItem, request=requests, input_ids=some_tokens, append_previous_output=st.booleans())
+    item_with_prefix = st.builds(
+        BatchItem, request=requests, input_ids=tokens, attach=attach, append_previous_output=st.booleans()
+    )
+    extent_intents = [Release] + ([Backup, Restore, Demote, Drop] if tiers else [])
+    request_intent = st.one_of(
+        st.builds(Publish, request=requests, first_page=st.integers(0, row_pages), page_count=st.integers(1, 3)),
+        st.builds(Close, request=requests),
+    )
+    intent = st.one_of(request_intent, *(st.builds(kind, extent=extents) for kind in extent_intents))
+    by_request = lambda item: item.request  # noqa: E731 - one item per request, else InvalidPlan
+    tier_intent = st.one_of(*(st.builds(kind, extent=extents) for kind in (Backup, Restore, Demote, Drop)))
+
+    class Machine(RuntimeConformance):
+        """Rules over the protocol's operations, valid and deliberately invalid."""
+
+        @initialize()
+        def start(self):
+            self._start()
+
+        # -- requests --
+
+        @precondition(lambda self: not all(slot.live for slot in self.model.state.slots))
+        @rule(target=requests)
+        def open_request(self):
+            handle = self._call("open_request")
+            return multiple() if handle is None else handle
+
+        @precondition(lambda self: self.bundle("requests"))
+        @rule(request=requests)
+        def close_request(self, request):
+            self._call("close_request", request)
+
+        # -- batches --
+
+        @precondition(lambda self: self.bundle("requests"))
+        @rule(target=batches, items=st.lists(item, min_size=1, max_size=3, unique_by=by_request), intents=st.lists(request_intent, max_size=2))
+        def prepare_batch(self, items, intents):
+            handle = self._call("prepare_batch", BatchPlan(tuple(items), tuple(intents)))
+            return multiple() if handle is None else handle
+
+        @precondition(lambda self: self.bundle("requests"))
+        @rule(target=extents, items=st.lists(item, min_size=1, max_size=3, unique_by=by_request), intents=st.lists(request_intent, max_size=2))
+        def run_batch(self, items, intents):
+            """prepare_batch then execute_batch at once: how a scheduler spends most steps."""
+            handle = self._call("prepare_batch", BatchPlan(tuple(items), tuple(intents)))
+            done = None if handle is None else self._call("execute_batch", handle)
+            return multiple() if done is None else multiple(*done.published)
+
+        @precondition(lambda self: self.bundle("extents") and self.bundle("requests"))
+        @rule(
+            target=batches,
+            items=st.lists(item_with_prefix, min_size=1, max_size=3, unique_by=by_request),
+            intents=st.lists(intent, max_size=3),
+        )
+        def prepare_batch_with_extents(self, items, intents):
+            handle = self._call("prepare_batch", BatchPlan(tuple(items), tuple(intents)))
+            return multiple() if handle is None else handle
+
+        @rule(target=extents, batch=batches)
+        def execute_batch(self, batch):
+            done = self._call("execute_batch", batch)
+            return multiple() if done is None else multiple(*done.published)
+
+        @rule(batch=batches)
+        def cancel_batch(self, batch):
+            self._call("cancel_batch", batch)
+
+        # -- guided: what a scheduler does; arguments chosen from the model's state, so deep
+        # states (full pages, shared prefixes, host copies) are reached, and steps stay replayable
+
+        @rule(target=extents, picks=st.lists(st.integers(0, 7), max_size=3), n=st.integers(1, 2 * ps + 1), insert=st.booleans())
+        def schedule_step(self, picks, n, insert):
+            """One scheduler step over the picked live requests (a new one if none is live): decode where
+            there is an output to append, else n new tokens; with `insert`, publish each row's full pages."""
+            live = [i for i, slot in enumerate(self.model.state.slots) if slot.live]
+            if not live:
+                return multiple() if self._call("open_request") is None else multiple()
+            items, intents = [], []
+            for slot_id in dict.fromkeys(live[p % len(live)] for p in picks or [0]):
+                slot = self.model.state.slots[slot_id]
+                request = RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation)
+                decode = slot.produced > slot.appended
+                items.append(BatchItem(request, () if decode else tuple(range(n)), append_previous_output=decode))
+                full = (slot.reserved_tokens + (1 if decode else n)) // ps
+                if insert and full:
+                    intents.append(Publish(request, 0, full))
+            handle = self._call("prepare_batch", BatchPlan(tuple(items), tuple(intents)))
+            done = None if handle is None else self._call("execute_batch", handle)
+            return multiple() if done is None else multiple(*done.published)
+
+        @precondition(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), n=st.integers(1, ps))
+        def reuse_prefix(self, i, n):
+            """A new request hits the i-th live extent: open, attach it (restoring what is not on device), compute."""
+            extent = self._live_extent(i)
+            request = self._call("open_request")
+            if request is None:
+                return
+            pages = self.model.state.extents[extent.generation].pages
+            missing = any(Tier.L1 not in self.model.state.pages[p].copies for p in pages)
+            intents = (Restore(extent),) if missing and tiers else ()
+            handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n)), (extent,)),), intents))
+            if handle is not None:
+                self._call("execute_batch", handle)
+
+        @precondition(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), how=st.sampled_from(["release", "retain", "split"]))
+        def tree_operation(self, i, how):
+            """The tree releases, retains or splits the i-th live extent."""
+            extent = self._live_extent(i)
+            if how == "split":
+                self._call("split", extent, max(1, extent.page_count // 2))
+            else:
+                self._call(how, extent)
+
+        @precondition(lambda self: any(slot.live for slot in self.model.state.slots))
+        @rule(i=st.integers(0, 7))
+        def finish_request(self, i):
+            """The i-th live request finishes (its pages may still be backing up: scenario 3)."""
+            live = [n for n, slot in enumerate(self.model.state.slots) if slot.live]
+            slot = live[i % len(live)]
+            self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot, self.model.state.slots[slot].generation))
+
+        # -- extents --
+
+        @rule(target=extents, request=requests, first_page=st.integers(-1, row_pages), page_count=st.integers(0, 4))
+        def publish(self, request, first_page, page_count):
+            ref = self._call("publish", request, first_page, page_count)
+            return multiple() if ref is None else ref
+
+        @rule(target=extents, extent=extents, at_page=st.integers(-1, 5))
+        def split(self, extent, at_page):
+            halves = self._call("split", extent, at_page)
+            return multiple() if halves is None else multiple(*halves)
+
+        @rule(extent=extents)
+        def retain(self, extent):
+            self._call("retain", extent)
+
+        @rule(extent=extents)
+        def release(self, extent):
+            self._call("release", extent)
+
+        # -- completions --
+
+        # No precondition on transfers in flight: that depends on the runtime's timing, and rule
+        # choice must not (Hypothesis replays a case and needs the same draws).
+        @rule()
+        def poll_completions(self):
+            self._completions("poll_completions")
+
+        @rule()
+        def wait_completions(self):
+            self._completions("wait_completions")
+
+        # -- misuse: forged handles and wrong calls --
+
+        @rule(request=requests, forgery=st.sampled_from(["foreign", "next_epoch", "next_generation", "no_slot"]))
+        def close_forged_request(self, request, forgery):
+            forged = {
+                "foreign": attrs.evolve(request, runtime_id=rid + "-other"),
+                "next_epoch": attrs.evolve(request, epoch=request.epoch + 1),
+                "next_generation": attrs.evolve(request, generation=request.generation + 1),
+                "no_slot": attrs.evolve(request, slot_id=info.max_requests),
+            }[forgery]
+            self._call("close_request", forged)
+
+        @rule(extent=extents, forgery=st.sampled_from(["foreign", "next_epoch", "unissued", "other_pages"]))
+        def release_forged_extent(self, extent, forgery):
+            forged = {
+                "foreign": attrs.evolve(extent, runtime_id=rid + "-other"),
+                "next_epoch": attrs.evolve(extent, epoch=extent.epoch + 1),
+                "unissued": attrs.evolve(extent, generation=10**6),
+                "other_pages": attrs.evolve(extent, page_runs=extent.page_runs + (PageRun(10**6, 1),)),
+            }[forgery]
+            self._call("release", forged)
+
+        @rule(forgery=st.sampled_from(["request", "extent", "batch", "empty_plan", "open_when_full"]))
+        def misuse(self, forgery):
+            if forgery == "empty_plan":
+                self._call("prepare_batch", BatchPlan(()))
+            elif forgery == "open_when_full":
+                while self._call("open_request") is not None:
+                    pass
+            elif forgery == "request":
+                self._call("close_request", RequestRuntimeHandle(rid, 0, 0, 0))
+            elif forgery == "extent":
+                self._call("retain", CacheExtentRef(rid, 0, 1, (PageRun(0, 1),)))
+            else:
+                self._call("execute_batch", PreparedBatchHandle(rid, 0, 0))
+
+        @rule(batch=batches, forgery=st.sampled_from(["foreign", "unprepared"]), execute=st.booleans())
+        def use_forged_batch(self, batch, forgery, execute):
+            forged = {
+                "foreign": attrs.evolve(batch, runtime_id=rid + "-other"),
+                "unprepared": attrs.evolve(batch, batch_id=batch.batch_id + 10**6),
+            }[forgery]
+            self._call("execute_batch" if execute else "cancel_batch", forged)
+
+        @rule(extent=extents)
+        def submit_release(self, extent):
+            self._call("submit", (Release(extent),))
+
+    if tiers:
+
+        @precondition(lambda self: self.bundle("extents"))
+        @rule(intents=st.lists(tier_intent, min_size=1, max_size=3))
+        def submit(self, intents):
+            self._call("submit", tuple(intents))
+
+        Machine.submit = submit
+
+        @precondition(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), moves=st.lists(st.sampled_from([Backup, Demote, Restore, Drop]), min_size=1, max_size=3))
+        def move_extent(self, i, moves):
+            """The tree moves the i-th live extent between tiers (backup then demote: eviction to L2)."""
+            extent = self._live_extent(i)
+            self._call("submit", tuple(move(extent) for move in moves))
+
+        Machine.move_extent = move_extent
+
+        @precondition(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), n=st.integers(1, ps), poll=st.booleans())
+        def evict_then_hit(self, i, n, poll):
+            """Scenario 1: the rows reading the i-th live extent finish, the tree evicts it to L2 (backup,
+            demote), and a new request hits it while the backup may still be in flight (restore, compute)."""
+            extent = self._live_extent(i)
+            pages = set(self.model.state.extents[extent.generation].pages)
+            for slot_id, slot in enumerate(self.model.state.slots):
+                if slot.live and pages & set(slot.pages):
+                    self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation))
+            self._call("submit", (Backup(extent), Demote(extent)))
+            if poll:
+                self._completions("poll_completions")
+            request = self._call("open_request")
+            if request is not None:
+                plan = BatchPlan((BatchItem(request, tuple(range(n)), (extent,)),), (Restore(extent),))
+                handle = self._call("prepare_batch", plan)
+                if handle is not None:
+                    self._call("execute_batch", handle)
+
+        Machine.evict_then_hit = evict_then_hit
+
+    if the_check.restart and Capability.RESTART in info.capabilities:
+
+        @precondition(lambda self: self.model.state.calls["execute_batch"])
+        @rule()
+        def restart(self):
+            self._call("restart")
+
+        Machine.restart = restart
+
+    Machine.__name__ = Machine.__qualname__ = "RuntimeConformance"
+    Machine.target, Machine.check = target, the_check
+    return Machine
+
+
+def reproduction(target: Target, check: str, steps: list[str]) -> str:
+    """A runnable script from Hypothesis's printed steps: imports and the machine, then the calls."""
+    header = [
+        "# Reproduces a conformance failure: run with python.",
+        "from cacheruntime.protocol import *",
+        "from cacheruntime.conformance.statemachine import machine_for",
+        f"RuntimeConformance = machine_for({target.spec!r}, {dict(target.options)!r}, check={check!r})",
+    ]
+    return "\n".join(header + steps) + "\n"

@@ -1,0 +1,33 @@
+"""The conformance checks as pytest tests, for `from cacheruntime.conformance.suite import *`.
+
+One test per check (`core`, `tiers`, `restart`, `ordering`), so a team sees which area
+fails, which is skipped for lack of a claim, and which fails as expected. The fixtures
+come from `cacheruntime.conformance.plugin`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cacheruntime.conformance import expected as expected_file
+from cacheruntime.conformance.profiles import profile
+from cacheruntime.conformance.runner import run_check
+from cacheruntime.conformance.statemachine import CHECKS
+
+__all__ = ["test_cacheruntime_conformance"]
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_cacheruntime_conformance(check, cacheruntime_target, cacheruntime_expected, cacheruntime_record, request):
+    """Hold the runtime to the reference model in one check; a failure shows the runnable reproduction."""
+    config = request.config
+    settings = profile(config.getoption("--cacheruntime-profile"), config.getoption("--cacheruntime-database"))
+    outcome = run_check(cacheruntime_target, check, settings)
+    cacheruntime_record(outcome)
+    if outcome.status == "skipped":
+        pytest.skip(outcome.message)
+    if outcome.status == "failed":
+        entry = expected_file.expected_by(cacheruntime_expected, outcome)
+        if entry is not None:
+            pytest.xfail(f"[{', '.join(outcome.ids)}] expected: {entry.reason}")
+        pytest.fail(f"{outcome.message}\n\n# ---- shrunk reproduction ({outcome.steps} calls) ----\n{outcome.script}", pytrace=False)

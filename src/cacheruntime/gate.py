@@ -49,7 +49,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
     for option in args.option or ():
         conformance += ["--option", option]
     if args.expected_failures:
-        conformance += ["--expected-failures", str(args.expected_failures)]
+        conformance += ["--expected", str(args.expected_failures)]
     every = [
         Stage("traceability", ("trace",)),
         Stage("tlc", ("tlc",)),

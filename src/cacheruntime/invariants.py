@@ -73,6 +73,14 @@ def H3_one_live_handle(state: AbstractState, issued: list[RequestRuntimeHandle])
     return [f"slot {s}: {n} live handles" for s, n in current.items() if n > 1]
 
 
+def H3_open_takes_a_free_slot(before: AbstractState, handle: RequestRuntimeHandle) -> Violations:
+    """`open_request` hands out a slot that was not live: never a second handle to a live row."""
+    slot = before.slots[handle.slot_id] if 0 <= handle.slot_id < len(before.slots) else None
+    if slot is not None and slot.live and handle.epoch == before.epoch:
+        return [f"open_request returned slot {handle.slot_id}, which was live at generation {slot.generation}"]
+    return []
+
+
 # -- pages and pools -------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from cacheruntime.protocol import (
     ForeignRuntime,
     NotPrepared,
     OutOfOrder,
+    OutOfSlots,
     StaleHandle,
     UnknownHandle,
 )
@@ -31,11 +32,14 @@ def ids_for_error_mismatch(operation: str, expected: CacheRuntimeError | None) -
     """The ids a wrong outcome is evidence for, from the error the model raised.
 
     Accepting a stale, foreign or unknown handle is H1; executing a batch that is
-    executed, cancelled or out of order is O4; anything else is a contract mismatch of
-    the operation.
+    executed, cancelled or out of order is O4; opening a request with every slot live
+    hands out a second handle to a live row (H3); anything else is a contract mismatch
+    of the operation.
     """
     if isinstance(expected, (StaleHandle, ForeignRuntime, UnknownHandle)):
         return ("H1",)
     if operation == "execute_batch" and isinstance(expected, (AlreadyExecuted, NotPrepared, OutOfOrder)):
         return ("O4",)
+    if operation == "open_request" and isinstance(expected, OutOfSlots):
+        return ("H3",)
     return (f"contract:{operation}",)

@@ -201,6 +201,8 @@ class RuntimeConformance(RuleBasedStateMachine):
         for invariant, predicate in invariants.TRANSITION_INVARIANTS.items():
             found[invariant] = predicate(before, after)
         found["H3"] = invariants.H3_one_live_handle(after, self.issued)
+        if isinstance(value, RequestRuntimeHandle) and before is not None:
+            found["H3"] += invariants.H3_open_takes_a_free_slot(before, value)
         violated = {k: v for k, v in found.items() if v}
         if violated:
             raise ConformanceFailure(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from cacheruntime.protocol import NotPrepared, StaleHandle, Tier
+from cacheruntime.protocol import NotPrepared, RequestRuntimeHandle, StaleHandle, Tier
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
 from cacheruntime.runtime.local import LocalGPURuntime
 
@@ -187,6 +187,19 @@ class TensorToControl(_Mutant):
         return attrs.evolve(done, items=tuple(attrs.evolve(i, next_token=torch.tensor(i.next_token)) for i in done.items))
 
 
+class SecondHandleToLiveSlot(_Mutant):
+    """With every slot live, open_request hands out the last slot again instead of OutOfSlots."""
+
+    invariant = "H3"
+
+    def open_request(self):
+        if all(slot.live for slot in self._state.slots):
+            slot_id = len(self._state.slots) - 1
+            self._state.calls["open_request"] += 1
+            return RequestRuntimeHandle(self.runtime_id, self._state.epoch, slot_id, self._state.slots[slot_id].generation)
+        return super().open_request()
+
+
 #: name -> mutant class
 MUTANTS = {
     "stale_generation_accepted": StaleGenerationAccepted,
@@ -205,4 +218,5 @@ MUTANTS = {
     "old_epoch_accepted": OldEpochAccepted,
     "per_token_boundary": PerTokenBoundary,
     "tensor_to_control": TensorToControl,
+    "second_handle_to_live_slot": SecondHandleToLiveSlot,
 }

@@ -3,13 +3,13 @@
 #
 # Runs from the repository root with the tree on PYTHONPATH (no install, no network, no
 # z3 needed): the runtime tests on CPU and CUDA, the ordering race tests (delay knob) a few
-# times over on CUDA, and the main job (`cacheruntime run --device cuda`) if it exists.
+# times over on CUDA, the main job (`cacheruntime run --device cuda`) and the conformance
+# suite on LocalGPURuntime with CUDA streams.
 #
 # Usage: OUT=/some/dir scripts/gpu_check.sh
 # Writes: $OUT/header.txt, $OUT/<step>.log, $OUT/<step>.xml (JUnit), $OUT/run.json,
 #         $OUT/summary.txt (one line per step: name, exit status, seconds).
-# Exit status: 0 if every step that ran passed, else 1. A step that cannot run here (the
-# main job not written yet) is recorded as skipped, not failed.
+# Exit status: 0 if every step passed, else 1.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,12 +67,12 @@ for round in 1 2 3; do
     --junitxml="$OUT/race_cuda_$round.xml"
 done
 
-if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('cacheruntime.job') is None)" 2>/dev/null; then
-  step main_job "$PY" -m cacheruntime.cli run --device cuda --json "$OUT/run.json"
-else
-  echo "== main_job: skipped (cacheruntime.job is not in this tree yet)"
-  printf '%-22s %s\n' main_job "skipped: cacheruntime.job absent" | tee -a "$OUT/summary.txt"
-fi
+step main_job "$PY" -m cacheruntime.cli run --device cuda --json "$OUT/run.json"
+
+# The conformance suite (CI profile) on LocalGPURuntime with CUDA streams.
+step conformance_cuda "$PY" -m cacheruntime.cli conformance \
+  --runtime cacheruntime.runtime.factories:conformance --option device=cuda \
+  --junitxml "$OUT/conformance_cuda.xml"
 
 echo "== summary"
 cat "$OUT/summary.txt"

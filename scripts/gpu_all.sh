@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every GPU run of the project in one call on the device machine: the runtime check
+# (scripts/gpu_check.sh: runtime tests on CUDA, race tests, the main job with --device cuda,
+# the conformance suite on CUDA) and the benchmark (scripts/gpu_bench.sh).
+#
+# The device tool brings back at most 8 files, so the two scripts write into sub-folders
+# that are packed into results.tar.gz; the files the record quotes are copied beside it.
+# Usage (on the device machine, from the repository root): OUT=... bash scripts/gpu_all.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT="${OUT:?set OUT}"
+export PYTHON=python3
+
+OUT="$ROOT/check" bash scripts/gpu_check.sh >"$ROOT/gpu_check.log" 2>&1
+check=$?
+OUT="$ROOT/bench" bash scripts/gpu_bench.sh >"$ROOT/gpu_bench.log" 2>&1
+bench=$?
+
+cp "$ROOT/check/summary.txt" "$ROOT/check/run.json" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/" 2>/dev/null
+tar czf "$ROOT/results.tar.gz" -C "$ROOT" check bench && rm -rf "$ROOT/check" "$ROOT/bench"
+echo "gpu_check exit $check, gpu_bench exit $bench"
+tail -n 12 "$ROOT/summary.txt" 2>/dev/null
+[[ $check -eq 0 && $bench -eq 0 ]]

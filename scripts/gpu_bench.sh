@@ -4,7 +4,7 @@
 # Writes, under $OUT (default ./bench-out): machine.txt (nvidia-smi, date, torch),
 # bench.log (header + the printed table), bench.json (every row with its details),
 # timeline/trace-*.json (Chrome/Perfetto traces of a few two-phase batches) and
-# timeline-h200.png (the compute/H2D/D2H timeline). Needs torch with CUDA; no network.
+# timeline-h200.png (the compute/H2D/D2H timeline), diag.json (see bench/diag.py). Needs torch with CUDA; no network.
 set -uo pipefail
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
@@ -21,4 +21,7 @@ rc=${PIPESTATUS[0]}
 if [ -f "$OUT/timeline/timeline.png" ]; then
     mv "$OUT/timeline/timeline.png" "$OUT/timeline-h200.png"
 fi
+# Diagnostics behind the overlap and write-back rows (restore alone vs under compute, DMA
+# piece sizes, a small D2H read behind a backup, the UVA gather kernel): $OUT/diag.json.
+python3 -m cacheruntime.bench.diag "$OUT/diag.json" >"$OUT/diag.log" 2>&1 || echo "diag failed (see diag.log)"
 exit "$rc"

@@ -37,6 +37,10 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (the CI smoke test)")
@@ -60,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--overlap-width-mult", type=int, help="width_mult of the overlap section's model: a longer, GPU-bound batch (40)")
     g.add_argument("--decode-batch", type=int, help="decoding requests for overlap and ITL (16)")
     g.add_argument("--context", type=int, help="context tokens per decoding request (1024)")
-    g.add_argument("--restore-pages", type=int, help="pages restored per step in the overlap section (64)")
+    g.add_argument("--restore-pages", type=int, help="pages restored per step in the overlap section (384)")
+    g.add_argument("--overlap-ratios", type=_floats, help="further transfer/compute ratios for the overlap sweep (0.25,0.5)")
     g.add_argument("--writeback-pages", type=int, help="pages per background backup in the ITL section (64)")
     g.add_argument("--steps", type=int, help="decode steps per timed loop (30)")
     g.add_argument("--rounds", type=int, help="alternating quiet/write-back rounds (3)")
@@ -90,6 +95,7 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "context": (1024, 1024, 256, 64),
     "restore_pages": (384, 384, 16, 4),
     "overlap_width_mult": (40, 40, 4, 2),
+    "overlap_ratios": ([0.25, 0.5], [0.5], [0.5], []),
     "writeback_pages": (64, 64, 8, 4),
     "steps": (30, 10, 10, 4),
     "rounds": (3, 2, 2, 1),

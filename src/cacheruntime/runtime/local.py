@@ -39,7 +39,7 @@ import functools
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import torch
@@ -183,7 +183,10 @@ class LocalGPURuntime:
         runner: str = "tiny",
         config: DecoderConfig | None = None,
         seed: int = 0,
+        d2h_bytes_per_batch: int | None = 32 << 20,
     ):
+        if d2h_bytes_per_batch is not None and d2h_bytes_per_batch < 1:
+            raise ValueError("d2h_bytes_per_batch must be positive (or None: no throttle)")
         if page_size < 1 or max_requests < 1 or l1_pages < 1 or l2_pages < 0 or max_request_tokens < page_size:
             raise ValueError("page_size, max_requests, l1_pages >= 1, l2_pages >= 0, max_request_tokens >= page_size")
         self.runtime_id = runtime_id
@@ -218,6 +221,16 @@ class LocalGPURuntime:
         self._d2h: Stream = make_stream("d2h", self.device)
         self._finalizer = weakref.finalize(self, _close_streams, (self._compute, self._h2d, self._d2h))
         self._launched: dict[int, Launched] = {}
+        # The D2H throttle: backups are queued in pieces of at most `d2h_bytes_per_batch`
+        # and issued one piece per `execute_batch` (after its compute), per `submit`, and per
+        # `poll_completions` when no batch ran since the last one; `wait_completions`, a
+        # restore reading a backup's host copy and `restart` issue what they need at once.
+        # Only when the D2H runs changes; what is reported, and in which order, does not.
+        self._d2h_piece_pages = None if d2h_bytes_per_batch is None else max(1, d2h_bytes_per_batch // self._memory.page_bytes)
+        self._d2h_queue: deque[_Piece] = deque()
+        self._d2h_queued: set[int] = set()  # transfers with pieces still queued
+        self._d2h_results: dict[int, list[Result]] = {}  # their issued pieces' results
+        self._executed_since_pump = False
         self._compute_event: Event | None = None
         self._delay = 0.0
         empty = (0,) * page_size
@@ -538,13 +551,20 @@ class LocalGPURuntime:
                     tickets.append(outcome)
         self._commit()
         self._launch_started()
+        if self._d2h_queue:
+            self._pump_d2h(pieces=1)
+            self._executed_since_pump = False
         return tuple(tickets)
 
     @operation(journal=False)
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
         """Retire the transfers whose events are done (dependencies first); report each once."""
         st = self._state
-        done = {t for t in st.transfers if self._launched[t].event.query()}
+        if self._d2h_queue and not self._executed_since_pump:
+            self._pump_d2h(pieces=1)  # no batch ran since the last poll: the D2H still moves on
+        self._executed_since_pump = False
+        launched = self._launched
+        done = {t for t in st.transfers if t in launched and launched[t].event.query()}
         for t in done:
             self._launched[t].result.result()  # a copy that raised surfaces here
         progress = True
@@ -560,6 +580,7 @@ class LocalGPURuntime:
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         """Block until every transfer has finished, retire them all, report as poll does."""
         st = self._state
+        self._pump_d2h()  # everything queued, now
         for t in sorted(st.transfers):
             self._launched[t].event.synchronize()
             self._launched[t].result.result()  # a copy that raised surfaces here
@@ -581,6 +602,7 @@ class LocalGPURuntime:
     def restart(self) -> RuntimeInfo:
         """Drain and discard transfers, forget everything, bump the epoch: every handle goes stale."""
         st = self._state
+        self._pump_d2h()
         for stream in (self._compute, self._h2d, self._d2h):
             stream.synchronize()
         generations = [slot.generation + int(slot.live) for slot in st.slots]
@@ -1050,17 +1072,50 @@ class LocalGPURuntime:
         self._to_launch = []
 
     def _launch(self, transfer_id: int, record: Transfer) -> None:
-        stream = self._d2h if record.kind is TransferKind.BACKUP else self._h2d
-        self._wait_transfer_deps(stream, [self._launched[w] for w in sorted(record.waits_for) if w in self._launched])
-        if record.kind is TransferKind.BACKUP:
+        backup = record.kind is TransferKind.BACKUP
+        stream = self._d2h if backup else self._h2d
+        if self._d2h_queued and not record.waits_for.isdisjoint(self._d2h_queued):
+            self._pump_d2h(until=max(record.waits_for & self._d2h_queued))  # a restore reads a queued backup's host copy
+        deps = [self._launched[w] for w in sorted(record.waits_for) if w in self._launched]
+        sources = [src for _, src, _ in record.pages]
+        destinations = [dst for _, _, dst in record.pages]
+        if backup and self._d2h_piece_pages is not None:
+            size, count = self._d2h_piece_pages, len(sources)
+            for first in range(0, count, size):
+                last = first + size >= count
+                self._d2h_queue.append(_Piece(transfer_id, sources[first : first + size], destinations[first : first + size], deps if first == 0 else None, last))
+            self._d2h_queued.add(transfer_id)
+            self._d2h_results[transfer_id] = []
+            return
+        self._wait_transfer_deps(stream, deps)
+        if backup:
             self._wait_compute(stream)
         if self._delay:
             stream.sleep(self._delay)
-        sources = [src for _, src, _ in record.pages]
-        destinations = [dst for _, _, dst in record.pages]
-        move = self._memory.backup if record.kind is TransferKind.BACKUP else self._memory.restore
+        move = self._memory.backup if backup else self._memory.restore
         result = stream.submit(lambda: move(sources, destinations))
         self._launched[transfer_id] = Launched(stream.record(), result)
+
+    def _pump_d2h(self, pieces: int | None = None, until: int | None = None) -> None:
+        """Issue queued backup pieces in order: `pieces` of them, through transfer `until`, or all."""
+        queue, stream, move = self._d2h_queue, self._d2h, self._memory.backup
+        while queue and (pieces is None or pieces > 0):
+            piece = queue.popleft()
+            if piece.deps is not None:
+                self._wait_transfer_deps(stream, piece.deps)
+            self._wait_compute(stream)  # O2: after the latest compute, hence after the one that wrote the pages
+            if piece.deps is not None and self._delay:
+                stream.sleep(self._delay)
+            results = self._d2h_results[piece.transfer]
+            results.append(stream.submit(functools.partial(move, piece.sources, piece.destinations)))
+            if piece.last:
+                del self._d2h_results[piece.transfer]
+                self._d2h_queued.discard(piece.transfer)
+                self._launched[piece.transfer] = Launched(stream.record(), _Results(results))
+                if until is not None and piece.transfer >= until:
+                    return
+            if pieces is not None:
+                pieces -= 1
 
     def _run_compute(self, items: list[ComputeItem], kv_ready: list[Launched]) -> list[int]:
         """Run the batch on the compute stream after its restores; record the event backups wait on."""
@@ -1069,6 +1124,9 @@ class LocalGPURuntime:
         result = self._compute.submit(lambda: runner.forward(memory, table, items))
         self._compute_event = self._compute.record()
         self._launch_started()
+        if self._d2h_queue:
+            self._pump_d2h(pieces=1)  # the throttle: one piece of background D2H per batch
+        self._executed_since_pump = True
         # Read the outputs in the compute stream's order: that one wait covers the batch.
         outputs = self._compute.submit(lambda: result.result().tolist()).result()
         return runner.finish(outputs, items)
@@ -1091,6 +1149,27 @@ class LocalGPURuntime:
         """A restore reads a host copy only after the backup filling it (scenario 1)."""
         for transfer in launched:
             stream.wait(transfer.event)
+
+
+class _Piece(NamedTuple):
+    """A queued piece of a backup: its pages, the launches it waits for (first piece), whether last."""
+
+    transfer: int
+    sources: list[int]
+    destinations: list[int]
+    deps: list[Launched] | None
+    last: bool
+
+
+class _Results:
+    """The results of a backup's pieces: `result()` surfaces the first error of any."""
+
+    def __init__(self, results: list[Result]):
+        self._results = results
+
+    def result(self) -> None:
+        for result in self._results:
+            result.result()
 
 
 def _close_streams(streams: tuple[Stream, ...]) -> None:

@@ -63,6 +63,9 @@ class KVMemory:
         head_dim: int,
         dtype: torch.dtype,
         chunk_bytes: int = 128 << 20,
+        dma_bytes: int = 128 << 20,
+        uva_max_run: float = 1.5,
+        uva_max_page_bytes: int = 2 << 20,
     ):
         self.device = device
         self.page_shape = (layers, 2, page_size, heads, head_dim)
@@ -75,8 +78,19 @@ class KVMemory:
         self.l2_rows = self.l2.view(self.l1_rows.dtype).view(l2_pages * self.lanes, self.l1_rows.shape[1])
         self.cuda = device.type == "cuda"
         self.chunk_pages = max(1, chunk_bytes // self.page_bytes)
+        # One DMA moves at most `dma_bytes` (default: a whole chunk). Smaller pieces were
+        # measured on an H200 (bench/diag.py): they did not shorten a small read's wait behind
+        # a large D2H and cost host time per copy, so the default keeps one copy per run.
+        self.dma_rows = max(self.lanes, (dma_bytes // self.page_bytes) * self.lanes)
+        # Page lists of small pages (<= `uva_max_page_bytes`) whose mean run of consecutive
+        # host pages is at most `uva_max_run` go through one gather kernel that reads (writes)
+        # pinned host memory directly (UVA, Triton): hundreds of separate 2 MiB copies cost
+        # more than the PCIe time. It runs on SMs, so longer runs keep the copy engines.
+        self.uva_max_run = uva_max_run if self.page_bytes <= uva_max_page_bytes else 0.0
+        self.last_path = ""
         if self.cuda:
             self._lane_offsets = torch.arange(self.lanes, dtype=torch.int64, device=device) * l1_pages
+            self._lane_steps = torch.arange(self.lanes, dtype=torch.int64, device=device)
             if l2_pages:
                 rows = min(self.chunk_pages, l2_pages) * self.lanes
                 width, wide = self.l1_rows.shape[1], self.l1_rows.dtype
@@ -85,7 +99,8 @@ class KVMemory:
                 # High priority: a chunk's scatter (gather) is a short kernel that must not
                 # queue behind compute's, or the restore it finishes is exposed after all.
                 self._scatter = torch.cuda.Stream(device, priority=-1)
-                self._gather = torch.cuda.Stream(device, priority=-1)
+                # The backup's gather is background work: lowest priority, never ahead of compute.
+                self._gather = torch.cuda.Stream(device, priority=0)
                 self._in_free: list[Any] = [None, None]  # the scatter that last read stage_in[i]
                 self._out_free: list[Any] = [None, None]  # the D2H that last read stage_out[i]
 
@@ -122,6 +137,31 @@ class KVMemory:
     def _host_rows(self, first_page: int, page_count: int) -> torch.Tensor:
         return self.l2_rows[first_page * self.lanes : (first_page + page_count) * self.lanes]
 
+    def _host_index(self, l2_pages: list[int]) -> torch.Tensor:
+        """L2 row numbers of `l2_pages`, page-major (L2 is page-first: page p's rows are p*lanes ..)."""
+        pages = to_device(l2_pages, torch.int64, self.device)
+        return (pages[:, None] * self.lanes + self._lane_steps[None, :]).reshape(-1)
+
+    def _use_uva(self, host_pages: list[int]) -> bool:
+        """Short runs of host pages (mean run <= uva_max_run) and a working UVA kernel."""
+        if self.uva_max_run <= 0 or _uva_kernel() is None or len(host_pages) < 2:
+            return False
+        runs = len(coalesce(host_pages))
+        return len(host_pages) <= self.uva_max_run * runs
+
+    def _uva_copy(self, src: torch.Tensor, src_index: torch.Tensor, dst: torch.Tensor, dst_index: torch.Tensor) -> bool:
+        """`dst[dst_index] = src[src_index]` (rows) in one kernel on the current stream, host
+        rows read or written in place through UVA. False (nothing issued) if the kernel is
+        unavailable; the caller then takes the DMA path."""
+        kernel = _uva_kernel()
+        try:
+            kernel(src, src_index, dst, dst_index)
+        except Exception:  # a Triton that refuses host pointers: fall back for good
+            _UVA[0] = None
+            _UVA[1] = True
+            return False
+        return True
+
     def restore(self, src_l2: list[int], dst_l1: list[int]) -> None:
         """H2D of host pages `src_l2` into device pages `dst_l1`, on the current stream."""
         index = self._row_index(dst_l1)
@@ -129,7 +169,11 @@ class KVMemory:
             rows = torch.cat([self._host_rows(run.first_page, run.page_count) for run in coalesce(src_l2)])
             self.l1_rows.index_copy_(0, index, rows)
             return
-        main, scatter, lanes = torch.cuda.current_stream(self.device), self._scatter, self.lanes
+        if self._use_uva(src_l2) and self._uva_copy(self.l2_rows, self._host_index(src_l2), self.l1_rows, index):
+            self.last_path = "uva"
+            return
+        self.last_path = "dma"
+        main, scatter, lanes, piece = torch.cuda.current_stream(self.device), self._scatter, self.lanes, self.dma_rows
         done = None
         for n, first in enumerate(range(0, len(src_l2), self.chunk_pages)):
             slot = n % 2
@@ -138,9 +182,11 @@ class KVMemory:
             buf = self._stage_in[slot]
             offset = 0
             for run in coalesce(src_l2[first : first + self.chunk_pages]):
-                rows = run.page_count * lanes
-                buf[offset : offset + rows].copy_(self.l2_rows[run.first_page * lanes : run.end * lanes], non_blocking=True)
-                offset += rows
+                base = run.first_page * lanes
+                for lo in range(0, run.page_count * lanes, piece):
+                    rows = min(piece, run.page_count * lanes - lo)
+                    buf[offset : offset + rows].copy_(self.l2_rows[base + lo : base + lo + rows], non_blocking=True)
+                    offset += rows
             landed = main.record_event()
             scatter.wait_event(landed)
             with torch.cuda.stream(scatter):
@@ -162,7 +208,11 @@ class KVMemory:
                 self._host_rows(run.first_page, run.page_count).copy_(rows[offset : offset + count])
                 offset += count
             return
-        main, gather, lanes = torch.cuda.current_stream(self.device), self._gather, self.lanes
+        if self._use_uva(dst_l2) and self._uva_copy(self.l1_rows, index, self.l2_rows, self._host_index(dst_l2)):
+            self.last_path = "uva"
+            return
+        self.last_path = "dma"
+        main, gather, lanes, piece = torch.cuda.current_stream(self.device), self._gather, self.lanes, self.dma_rows
         gather.wait_event(main.record_event())  # after the runtime's wait for compute (O2)
         for n, first in enumerate(range(0, len(src_l1), self.chunk_pages)):
             slot = n % 2
@@ -177,8 +227,49 @@ class KVMemory:
             main.wait_event(gather.record_event())
             offset = 0
             for run in coalesce(chunk):
-                count = run.page_count * lanes
-                self.l2_rows[run.first_page * lanes : run.end * lanes].copy_(buf[offset : offset + count], non_blocking=True)
-                offset += count
+                base = run.first_page * lanes
+                for lo in range(0, run.page_count * lanes, piece):
+                    count = min(piece, run.page_count * lanes - lo)
+                    self.l2_rows[base + lo : base + lo + count].copy_(buf[offset : offset + count], non_blocking=True)
+                    offset += count
             self._out_free[slot] = main.record_event()
         index.record_stream(gather)
+
+
+# -------------------------------------------------------------------------------------
+# The UVA row-gather kernel (Triton, CUDA only; absent elsewhere)
+# -------------------------------------------------------------------------------------
+
+_UVA: list[Any] = [None, False]  # [the launcher, whether the lookup was done]
+
+
+def _uva_kernel() -> Any:
+    """A launcher `(src, src_index, dst, dst_index)` copying whole rows, or None without Triton."""
+    if _UVA[1]:
+        return _UVA[0]
+    _UVA[1] = True
+    try:
+        import triton
+        import triton.language as tl
+    except Exception:
+        return None
+
+    @triton.jit
+    def rows_kernel(src, src_index, dst, dst_index, width, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        part = tl.program_id(1)
+        s = tl.load(src_index + row)
+        d = tl.load(dst_index + row)
+        cols = part * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < width
+        values = tl.load(src + s * width + cols, mask=mask)
+        tl.store(dst + d * width + cols, values, mask=mask)
+
+    def launch(src: torch.Tensor, src_index: torch.Tensor, dst: torch.Tensor, dst_index: torch.Tensor) -> None:
+        width = src.shape[1]
+        block = min(4096, triton.next_power_of_2(width))
+        grid = (src_index.numel(), triton.cdiv(width, block))
+        rows_kernel[grid](src, src_index, dst, dst_index, width, BLOCK=block, num_warps=8)
+
+    _UVA[0] = launch
+    return launch

@@ -1,7 +1,7 @@
 """Deliberately broken runtimes, each violating one invariant: the suite must kill every one.
 
 A mutant that survives the CI profile is a blind spot of the suite;
-`tests/conformance/test_mutants.py` asserts none survives and
+`tests/conformance/test_conformance_mutants.py` asserts none survives and
 `cacheruntime conformance --mutants` prints the kill table.
 
 Two families, each a `MODULE:FACTORY` target like any runtime under test:

@@ -1,0 +1,85 @@
+"""The D2H throttle: backups issued one piece per batch (or poll) keep every semantic.
+
+A runtime whose throttle moves one page per piece (`d2h_bytes_per_batch=1`) is driven
+through the twin (scenarios that depend on a backup in flight, and the seeded random
+walk): results, errors and abstract states must stay the model's, `wait_completions`
+must drain every queued piece, and a restore that reads a queued backup's host copy
+issues that backup first.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from runtimekit import PS, Twin, item, plan
+from test_runtime_twin import random_walk
+
+from cacheruntime.protocol import Backup, BatchPlan, Demote, Restore, Tier
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.local import LocalGPURuntime
+
+
+def throttled_twin(device: str) -> Twin:
+    return Twin(LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS, d2h_bytes_per_batch=1))
+
+
+@pytest.fixture
+def twin(device):
+    t = throttled_twin(device)
+    yield t
+    t.runtime.close()
+
+
+def published(t: Twin, pages: int):
+    h = t.open_request()
+    t.execute_batch(t.prepare_batch(plan(item(h, pages * PS))))
+    return h, t.publish(h, 0, pages)
+
+
+def test_backup_is_issued_piecewise_and_wait_drains(twin):
+    h, e = published(twin, 4)
+    twin.submit((Backup(e),))  # the first page's piece now, the rest later
+    assert len(twin.runtime._d2h_queue) == 3
+    twin.poll_completions()  # no batch since: one more piece
+    assert len(twin.runtime._d2h_queue) == 2
+    twin.execute_batch(twin.prepare_batch(plan(item(h, 1))))  # one piece per batch
+    assert len(twin.runtime._d2h_queue) == 1
+    done = twin.wait_completions()
+    assert not twin.runtime._d2h_queue and len(done) == 1
+
+
+def test_restore_of_a_queued_backup_issues_it_first(twin):
+    h, e = published(twin, 4)
+    twin.close_request(h)
+    twin.submit((Backup(e),))
+    twin.submit((Demote(e),))  # L1 pages deferred behind the queued backup
+    l1 = next(p for p in twin.runtime.probe().pools if p.tier is Tier.L1)
+    assert len(l1.deferred) == 4
+    g = twin.open_request()
+    done = twin.execute_batch(twin.prepare_batch(plan(item(g, 1, attach=(e,)), intents=(Restore(e),))))
+    assert done.items[0].num_tokens == 4 * PS + 1  # the tags read back are the model's
+    twin.wait_completions()
+
+
+def test_unthrottled_issues_at_once(device):
+    rt = LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS, d2h_bytes_per_batch=None)
+    h = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(BatchPlan((item(h, 4 * PS),))))
+    x = rt.publish(h, 0, 4)
+    rt.submit((Backup(x),))
+    assert not rt._d2h_queue
+    assert len(rt.wait_completions()) == 1
+    rt.close()
+    with pytest.raises(ValueError):
+        LocalGPURuntime(device=device, d2h_bytes_per_batch=0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_walk_throttled_matches_model(seed, device):
+    t = throttled_twin(device)
+    t.runtime.set_transfer_delay(0.002 if seed % 2 else 0.0)
+    random_walk(t, random.Random(1000 + seed), 80)
+    t.wait_completions()
+    assert not t.runtime._d2h_queue
+    t.runtime.close()

@@ -572,9 +572,13 @@ class Introspectable(Protocol):
 
 @runtime_checkable
 class DelayKnob(Protocol):
-    """Optional test-only surface: slow every transfer so that a missing wait is a sure race."""
+    """Optional test-only surface: slow transfers so that a missing wait is a sure race.
 
-    def set_transfer_delay(self, seconds: float) -> None: ...
+    `kind` None sets both directions; a backup delay longer than the restore delay exposes
+    a restore that does not wait for the backup filling its host copy.
+    """
+
+    def set_transfer_delay(self, seconds: float, kind: TransferKind | None = None) -> None: ...
 
 
 #: The operations that cross the boundary once per scheduling step (B1).

@@ -1,8 +1,7 @@
 """Every mutant is killed by the CI profile: the suite has no blind spot for the invariants they break.
 
 Kills run without shrinking (a kill is a kill; `cacheruntime conformance --mutants --shrink`
-shows minimal sequences). Mutants documented as latent must still survive: if one dies,
-its knob has arrived and the `latent` note must go.
+shows minimal sequences).
 """
 
 import pytest
@@ -23,8 +22,5 @@ def test_mutant_is_killed(name):
         if outcome.status == "failed":
             break
     killed = outcomes[-1].status == "failed"
-    if mutant.latent:
-        assert not killed, f"{name} is now killed ({outcomes[-1].ids}); drop its latent note"
-        pytest.xfail(f"latent: {mutant.latent}")
     assert killed, f"{name} ({mutant.invariant}: {mutant.how}) survived every check"
     assert outcomes[-1].script.startswith("# Reproduces")

@@ -88,10 +88,7 @@ def run_target(args: argparse.Namespace) -> int:
 
 
 def kill_table(shrink: bool, names: list[str] | None = None) -> tuple[list[tuple], bool]:
-    """Rows (mutant, invariant, killed, check, ids, steps, seconds) and whether every mutant died.
-
-    `killed` is True, False, or "latent" for a surviving mutant documented as not killable yet.
-    """
+    """Rows (mutant, invariant, killed, check, ids, steps, seconds) and whether every mutant died."""
     from cacheruntime.conformance.mutants import MUTANTS
 
     settings = profile("ci", shrink=shrink)
@@ -104,7 +101,7 @@ def kill_table(shrink: bool, names: list[str] | None = None) -> tuple[list[tuple
                 killer = outcome
                 break
         rows.append((
-            name, mutant.invariant, killer is not None or bool(mutant.latent) and "latent", killer.check if killer else "-",
+            name, mutant.invariant, killer is not None, killer.check if killer else "-",
             ",".join(killer.ids) if killer else "-", killer.steps if killer else "-", time.monotonic() - started,
         ))
     return rows, all(row[2] for row in rows)
@@ -115,10 +112,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"{'mutant':34} {'id':4} {'killed':6} {'by check':9} {'detected as':32} {'steps':>5} {'time':>6}")
         rows, all_killed = kill_table(args.shrink)
         for name, invariant, killed, check, ids, steps, seconds in rows:
-            verdict = "latent" if killed == "latent" else "yes" if killed else "NO"
-            print(f"{name:34} {invariant:4} {verdict:6} {check:9} {ids:32} {steps!s:>5} {seconds:5.1f}s")
-        latent = [r[0] for r in rows if r[2] == "latent"]
-        print(f"{sum(r[2] is True for r in rows)}/{len(rows)} mutants killed; latent (need a runtime knob): {', '.join(latent) or 'none'}")
+            print(f"{name:34} {invariant:4} {'yes' if killed else 'NO':6} {check:9} {ids:32} {steps!s:>5} {seconds:5.1f}s")
+        survivors = [r[0] for r in rows if not r[2]]
+        print(f"{len(rows) - len(survivors)}/{len(rows)} mutants killed; survivors: {', '.join(survivors) or 'none'}")
         return 0 if all_killed else 1
     if not args.runtime:
         print("cacheruntime conformance: give --runtime MODULE:FACTORY (or --mutants)", file=sys.stderr)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 
 from cacheruntime.model import ReferenceModel
-from cacheruntime.protocol import Capability
+from cacheruntime.protocol import Capability, TransferKind
 
 #: The boundary operations; each advances the environment clock when it succeeds.
 OPERATIONS = (
@@ -51,7 +51,7 @@ class ModelRuntime(ReferenceModel):
         """Everything the model claims, plus the delay knob."""
         return super().capabilities | {Capability.DELAY_KNOB}
 
-    def set_transfer_delay(self, seconds: float) -> None:
+    def set_transfer_delay(self, seconds: float, kind: TransferKind | None = None) -> None:
         """Any delay stops the clock: transfers then complete only when something waits for them."""
         self.delayed = seconds > 0
 

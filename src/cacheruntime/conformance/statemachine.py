@@ -54,6 +54,7 @@ from cacheruntime.protocol import (
     Restore,
     RuntimeInfo,
     Tier,
+    TransferKind,
 )
 
 #: Seconds per transfer asked of a runtime with DELAY_KNOB in the ordering check: long
@@ -315,8 +316,9 @@ class RuntimeConformance(RuleBasedStateMachine):
         expected = self.model.info()
         if _fixed_info(info) != _fixed_info(expected):
             raise ConformanceFailure(("contract:info",), f"a fresh runtime's info() is {info!r}; expected epoch 0")
-        if self.check.delay:
-            self.runtime.set_transfer_delay(self.check.delay)
+        if self.check.delay:  # backups slower than restores: a missing backup->restore wait shows
+            self.runtime.set_transfer_delay(self.check.delay, TransferKind.RESTORE)
+            self.runtime.set_transfer_delay(3 * self.check.delay, TransferKind.BACKUP)
         self.issued: list[RequestRuntimeHandle] = []
 
     def teardown(self) -> None:
@@ -537,9 +539,18 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             }[forgery]
             self._call("release", forged)
 
-        @rule(forgery=st.sampled_from(["request", "extent", "batch", "empty_plan", "open_when_full"]))
+        @rule(forgery=st.sampled_from(["request", "extent", "batch", "empty_plan", "open_when_full", "beyond_free_pages"]))
         def misuse(self, forgery):
-            if forgery == "empty_plan":
+            if forgery == "beyond_free_pages":  # scenario 6: one page more than is free, when some are
+                live = [i for i, slot in enumerate(self.model.state.slots) if slot.live and not slot.reserved_tokens]
+                request = (
+                    RequestRuntimeHandle(rid, self.model.state.epoch, live[0], self.model.state.slots[live[0]].generation)
+                    if live else self._call("open_request")
+                )
+                free = len(self.model.state.pools[Tier.L1].free)
+                if request is not None:
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range((free + 1) * ps))),)))
+            elif forgery == "empty_plan":
                 self._call("prepare_batch", BatchPlan(()))
             elif forgery == "open_when_full":
                 while self._call("open_request") is not None:

@@ -232,7 +232,7 @@ class LocalGPURuntime:
         self._d2h_results: dict[int, list[Result]] = {}  # their issued pieces' results
         self._executed_since_pump = False
         self._compute_event: Event | None = None
-        self._delay = 0.0
+        self._delay = {TransferKind.BACKUP: 0.0, TransferKind.RESTORE: 0.0}
         empty = (0,) * page_size
         believed = {Tier.L1: [empty] * l1_pages, Tier.L2: [empty] * l2_pages}
         self._state: State = fresh_state(0, [0] * max_requests, believed, 1)
@@ -271,11 +271,17 @@ class LocalGPURuntime:
         """Identity, epoch, sizes, capabilities and the bytes of one KV page."""
         return self._info()
 
-    def set_transfer_delay(self, seconds: float) -> None:
-        """Test-only: hold the transfer stream `seconds` before every H2D and D2H copy (DELAY_KNOB)."""
+    def set_transfer_delay(self, seconds: float, kind: TransferKind | None = None) -> None:
+        """Test-only: hold the transfer stream `seconds` before every copy of `kind` (both if None).
+
+        Different delays per direction make a missing dependency between transfers a sure
+        race: with backups slower than restores, a restore that does not wait for the
+        backup filling its host copy reads it before the D2H lands (DELAY_KNOB).
+        """
         if seconds < 0:
             raise ValueError("the transfer delay cannot be negative")
-        self._delay = float(seconds)
+        for k in (TransferKind.BACKUP, TransferKind.RESTORE) if kind is None else (kind,):
+            self._delay[k] = float(seconds)
 
     def reference_next_token(self, token_ids: list[int]) -> int:
         """The tiny runner's next token for `token_ids`, recomputed without any cache (for D1)."""
@@ -1090,8 +1096,9 @@ class LocalGPURuntime:
         self._wait_transfer_deps(stream, deps)
         if backup:
             self._wait_compute(stream)
-        if self._delay:
-            stream.sleep(self._delay)
+        delay = self._delay[TransferKind.BACKUP if backup else TransferKind.RESTORE]
+        if delay:
+            stream.sleep(delay)
         move = self._memory.backup if backup else self._memory.restore
         result = stream.submit(lambda: move(sources, destinations))
         self._launched[transfer_id] = Launched(stream.record(), result)
@@ -1104,8 +1111,8 @@ class LocalGPURuntime:
             if piece.deps is not None:
                 self._wait_transfer_deps(stream, piece.deps)
             self._wait_compute(stream)  # O2: after the latest compute, hence after the one that wrote the pages
-            if piece.deps is not None and self._delay:
-                stream.sleep(self._delay)
+            if piece.deps is not None and self._delay[TransferKind.BACKUP]:
+                stream.sleep(self._delay[TransferKind.BACKUP])
             results = self._d2h_results[piece.transfer]
             results.append(stream.submit(functools.partial(move, piece.sources, piece.destinations)))
             if piece.last:

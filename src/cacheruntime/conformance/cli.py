@@ -80,7 +80,10 @@ def run_target(args: argparse.Namespace) -> int:
         else:
             print(f"{check:10} passed  {outcome.seconds:6.1f}s  {CHECKS[check].about}")
     for entry in expected_file.now_passing(entries, outcomes):
-        print(f"XPASS: expected failure {entry.id!r} did not occur ({entry.reason}); remove it from {args.expected}")
+        print(
+            f"XPASS: expected failure {entry.id!r} did not occur ({entry.reason}): fixed, or not reached "
+            f"because its check stopped at another failure first; remove it from {args.expected} once fixed"
+        )
     if args.junitxml:
         _write_junit(args.junitxml, str(target), outcomes, tolerated)
     print(f"{'FAILED' if new else 'OK'}: {new} new failure(s), {len(tolerated)} expected")

@@ -51,6 +51,7 @@ from cacheruntime.protocol import (
     Backup,
     BatchCompletion,
     BatchDependency,
+    BatchItem,
     BatchPlan,
     BatchView,
     CacheExtentRef,
@@ -322,83 +323,102 @@ class LocalGPURuntime:
     def prepare_batch(self, plan: BatchPlan) -> PreparedBatchHandle:
         """Validate the plan, allocate and map pages, write ReqToToken, start the plan's restores.
 
-        Every check runs before the first change, so a failure has nothing to undo.
+        Every check runs before the first change, so a failure has nothing to undo. The
+        checks run in the reference model's order: every handle (items, then intents),
+        duplicate requests, restores, then per item its tokens, attach, append and row size.
         """
         st = self._state
         if not isinstance(plan, BatchPlan):
             raise InvalidPlan(f"expected a BatchPlan, got {type(plan).__name__}")
-        if not plan.items:
+        items = plan.items
+        if not items:
             raise InvalidPlan("a plan needs at least one item")
-        slot_of, extent_of = self._slot, self._extent
-        for item in plan.items:
-            slot_of(item.request)
-            for extent in item.attach:
-                extent_of(extent)
-        for intent in plan.intents:
+        all_slots = st.slots
+        slots = self._check_item_handles(items, all_slots)
+        intents = plan.intents
+        for intent in intents:
             self._check_intent_handles(intent)
-        slots = [item.request.slot_id for item in plan.items]
         if len(set(slots)) != len(slots):
             raise InvalidPlan("a request appears twice in the plan")
         restoring: set[int] = set()
-        for intent in plan.intents:
+        for intent in intents:
             if isinstance(intent, Restore):
                 restoring.update(self._restore_pages(intent.extent))
-        ps, max_tokens, all_slots, pages, extents = self.page_size, self.max_request_tokens, st.slots, st.pages, st.extents
+        ps, max_tokens, pages, extents = self.page_size, self.max_request_tokens, st.pages, st.extents
+        l1 = Tier.L1
         start_tokens, start_pages, end_tokens = {}, {}, {}
+        ends: list[int] = []
         need = len(restoring)
-        for slot_id, item in zip(slots, plan.items):
+        for slot_id, item in zip(slots, items):
             slot = all_slots[slot_id]
-            if item.new_tokens < 1:
+            append = item.append_previous_output
+            new_tokens = len(item.input_ids) + (1 if append else 0)
+            if new_tokens < 1:
                 raise InvalidPlan(f"slot {slot_id}: an item must compute at least one token")
-            if item.attach and slot.reserved_tokens:
-                raise InvalidPlan(f"slot {slot_id}: attach is only allowed on an empty row")
-            if item.append_previous_output and slot.produced <= slot.appended:
-                raise RequestBusy(f"slot {slot_id}: no previous output to append")
-            attached = referenced = 0
+            reserved = slot.reserved_tokens
+            row_pages = len(slot.pages)
+            end = reserved + new_tokens
             if item.attach:
+                if reserved:
+                    raise InvalidPlan(f"slot {slot_id}: attach is only allowed on an empty row")
+                if append and slot.produced <= slot.appended:
+                    raise RequestBusy(f"slot {slot_id}: no previous output to append")
+                attached = referenced = 0
                 for extent in item.attach:
                     extent_pages = extents[extent.generation].pages
                     for page in extent_pages:
-                        if Tier.L1 not in pages[page].copies and page not in restoring:
+                        if l1 not in pages[page].copies and page not in restoring:
                             raise NotResident(f"page {page} of an attached extent has no device copy and no restore")
                     attached += len(extent_pages)
                     referenced += extent.page_count
-            end = slot.reserved_tokens + attached * ps + item.new_tokens
+                end += attached * ps
+                need -= referenced
+            elif append and slot.produced <= slot.appended:
+                raise RequestBusy(f"slot {slot_id}: no previous output to append")
             if end > max_tokens:
                 raise RowFull(f"slot {slot_id}: {end} tokens > max_request_tokens {max_tokens}")
-            start_tokens[slot_id] = slot.reserved_tokens
-            start_pages[slot_id] = len(slot.pages)
+            start_tokens[slot_id] = reserved
+            start_pages[slot_id] = row_pages
             end_tokens[slot_id] = end
-            need += -(-end // ps) - len(slot.pages) - referenced
-        self._require_free(Tier.L1, need)
+            ends.append(end)
+            need += -(-end // ps) - row_pages
+        self._require_free(l1, need)
         # Every precondition held: from here on nothing fails.
-        for intent in plan.intents:
+        for intent in intents:
             if isinstance(intent, Restore):
                 self._start_transfer(TransferKind.RESTORE, intent.extent.generation, self._restore_pages(intent.extent))
         map_slots: list[int] = []
         map_index: list[int] = []
         map_phys: list[int] = []
-        new_page = self._new_page
-        for slot_id, item in zip(slots, plan.items):
+        new_page = self._new_page_phys
+        for slot_id, item, end in zip(slots, items, ends):
             slot = all_slots[slot_id]
             row = slot.pages
-            first = start_pages[slot_id]
-            for extent in item.attach:
-                for page in extents[extent.generation].pages:
-                    pages[page].holders += 1
-                    row.append(page)
-            for _ in range(-(-end_tokens[slot_id] // ps) - len(row)):
-                row.append(new_page())
-            slot.reserved_tokens = end_tokens[slot_id]
+            slot.reserved_tokens = end
             slot.produced += 1
             if item.append_previous_output:
                 slot.appended += 1
-            for index in range(first, len(row)):
+            grow = -(-end // ps) - len(row)
+            if item.attach:
+                first = len(row)
+                for extent in item.attach:
+                    for page in extents[extent.generation].pages:
+                        pages[page].holders += 1
+                        row.append(page)
+                grow = -(-end // ps) - len(row)
+                for index in range(first, len(row)):
+                    map_slots.append(slot_id)
+                    map_index.append(index)
+                    map_phys.append(pages[row[index]].copies[l1].phys)
+            while grow > 0:  # a decode step crosses into a new page once every page_size steps
+                name, phys = new_page()
                 map_slots.append(slot_id)
-                map_index.append(index)
-                map_phys.append(pages[row[index]].copies[Tier.L1].phys)
+                map_index.append(len(row))
+                map_phys.append(phys)
+                row.append(name)
+                grow -= 1
         batch_id = st.next_batch
-        st.batches[batch_id] = Batch(plan, "prepared", end_tokens, start_tokens, start_pages)
+        st.batches[batch_id] = Batch(plan, "prepared", end_tokens, start_tokens, start_pages, ends)
         st.next_batch += 1
         self._commit()
         self._write_req_to_token(map_slots, map_index, map_phys)
@@ -413,47 +433,58 @@ class LocalGPURuntime:
         self._check_execute_once(batch, record)
         self._check_execute_order(batch, record)
         plan = record.plan
+        intents = plan.intents
         # The intents below can still fail after the items changed the state: journal then.
-        undo = self._journal if any(not isinstance(intent, Restore) for intent in plan.intents) else None
-        ps, all_slots, pages, end_tokens = self.page_size, st.slots, st.pages, record.end_tokens
-        believed = st.pools[Tier.L1].believed
-        restores = any(tr.kind is TransferKind.RESTORE for tr in st.transfers.values())
+        undo = self._journal if any(not isinstance(intent, Restore) for intent in intents) else None
+        ps, all_slots, pages = self.page_size, st.slots, st.pages
+        l1 = Tier.L1
+        believed = st.pools[l1].believed
+        # Pages that in-flight restores fill, indexed once: an item waits only if its row has one.
+        restoring = self._restoring_pages()
         version = st.next_version
         ready: list[int] = []
         items: list[ComputeItem] = []
-        for item in plan.items:
+        new_item = tuple.__new__
+        ends = record.ends if record.ends is not None else [record.end_tokens[item.request.slot_id] for item in plan.items]
+        for item, end in zip(plan.items, ends):
             slot_id = item.request.slot_id
             slot = all_slots[slot_id]
             row = slot.pages
-            end = end_tokens[slot_id]
-            start = end - len(item.input_ids) - item.append_previous_output
-            if restores:
-                ready += self._await_restores(set(row[: -(-end // ps)]))
-            position, first_version = start, version
+            input_ids = item.input_ids
+            append = item.append_previous_output
+            start = end - len(input_ids) - (1 if append else 0)
+            if restoring:
+                read = row[: -(-end // ps)]
+                if not restoring.isdisjoint(read):
+                    ready += self._await_restores(set(read))
+                    restoring = self._restoring_pages()
             if end - start == 1 and undo is None:  # a decode step: one token
                 index, offset = divmod(start, ps)
                 page = pages[row[index]]
                 page.versions[offset] = version
-                phys = page.copies[Tier.L1].phys
+                phys = page.copies[l1].phys
                 old = believed[phys]
                 believed[phys] = (*old[:offset], version, *old[offset + 1 :])
-                position = end
+                tags: tuple[int, ...] = (version,)
                 version += 1
-            while position < end:
-                index, offset = divmod(position, ps)
-                count = min(ps - offset, end - position)
-                page = pages[row[index]]
-                phys = page.copies[Tier.L1].phys
-                new = tuple(range(version, version + count))
-                if undo is not None:
-                    undo.append(functools.partial(_restore_tags, page, offset, page.versions[offset : offset + count], believed, phys, believed[phys]))
-                page.versions[offset : offset + count] = new
-                old = believed[phys]
-                believed[phys] = old[:offset] + new + old[offset + count :]
-                position += count
-                version += count
-            previous = (slot.last_output,) if item.append_previous_output else ()
-            items.append(ComputeItem(slot_id, start, end, previous + tuple(item.input_ids), tuple(range(first_version, version))))
+            else:
+                position, first_version = start, version
+                while position < end:
+                    index, offset = divmod(position, ps)
+                    count = min(ps - offset, end - position)
+                    page = pages[row[index]]
+                    phys = page.copies[l1].phys
+                    new = tuple(range(version, version + count))
+                    if undo is not None:
+                        undo.append(functools.partial(_restore_tags, page, offset, page.versions[offset : offset + count], believed, phys, believed[phys]))
+                    page.versions[offset : offset + count] = new
+                    old = believed[phys]
+                    believed[phys] = old[:offset] + new + old[offset + count :]
+                    position += count
+                    version += count
+                tags = tuple(range(first_version, version))
+            token_ids = ((slot.last_output,) + tuple(input_ids)) if append else tuple(input_ids)
+            items.append(new_item(ComputeItem, (slot_id, start, end, token_ids, tags)))
             if undo is not None:
                 undo.append(functools.partial(setattr, slot, "num_tokens", slot.num_tokens))
             slot.num_tokens = end
@@ -462,23 +493,25 @@ class LocalGPURuntime:
         st.next_version = version
         self._finish_batch(batch.batch_id, "executed")
         published, tickets = [], []
-        last = max((i for i, intent in enumerate(plan.intents) if not isinstance(intent, Restore)), default=-1)
-        for i, intent in enumerate(plan.intents):
-            if isinstance(intent, Restore):
-                continue
-            if i == last:
-                self._journal = None  # the last intent checks before it changes anything
-            outcome = self._apply_intent(intent, batch_id=batch.batch_id)
-            if isinstance(intent, Publish):
-                published.append(outcome)
-            elif isinstance(intent, Backup):
-                tickets.append(outcome)
-        kv_ready = [self._launched[t] for t in ready if t in self._launched]
+        if undo is not None:
+            last = max(i for i, intent in enumerate(intents) if not isinstance(intent, Restore))
+            for i, intent in enumerate(intents):
+                if isinstance(intent, Restore):
+                    continue
+                if i == last:
+                    self._journal = None  # the last intent checks before it changes anything
+                outcome = self._apply_intent(intent, batch_id=batch.batch_id)
+                if isinstance(intent, Publish):
+                    published.append(outcome)
+                elif isinstance(intent, Backup):
+                    tickets.append(outcome)
+        launched = self._launched
+        kv_ready = [launched[t] for t in ready if t in launched]
         self._commit()
         tokens = self._run_compute(items, kv_ready)
         for item, token in zip(items, tokens):
-            all_slots[item.slot].last_output = token
-        results = tuple(ItemResult(plan_item.request, item.end, token) for plan_item, item, token in zip(plan.items, items, tokens))
+            all_slots[item[0]].last_output = token
+        results = tuple(ItemResult(plan_item.request, item[2], token) for plan_item, item, token in zip(plan.items, items, tokens))
         return BatchCompletion(batch, results, tuple(published), tuple(tickets))
 
     @operation
@@ -745,6 +778,36 @@ class LocalGPURuntime:
         self._check_generation(request, slot)
         return slot
 
+    def _check_item_handles(self, items: tuple[BatchItem, ...], all_slots: list[Slot]) -> list[int]:
+        """`_slot` of every item's request (and `_extent` of its attached refs), in plan order; their slot ids.
+
+        The same guards as `_slot`, called the same way, with one saving: `_check_origin`
+        depends only on the handle's runtime id and epoch and on the runtime's epoch, which
+        no check changes, so it runs again only when a handle names another pair than the
+        one it last accepted (every handle of a step normally names the same one).
+        """
+        check_origin, check_generation, extent_of = self._check_origin, self._check_generation, self._extent
+        count = len(all_slots)
+        accepted_id: Any = None
+        accepted_epoch: Any = None
+        slots = []
+        for item in items:
+            request = item.request
+            if type(request) is not RequestRuntimeHandle and not isinstance(request, RequestRuntimeHandle):
+                raise UnknownHandle(f"expected a RequestRuntimeHandle, got {type(request).__name__}")
+            runtime_id, epoch, slot_id = request.runtime_id, request.epoch, request.slot_id
+            if epoch != accepted_epoch or runtime_id != accepted_id or accepted_id is None:
+                check_origin("request handle", runtime_id, epoch)
+                accepted_id, accepted_epoch = runtime_id, epoch
+            if not 0 <= slot_id < count:
+                raise UnknownHandle(f"slot {slot_id} does not exist")
+            check_generation(request, all_slots[slot_id])
+            if item.attach:
+                for extent in item.attach:
+                    extent_of(extent)
+            slots.append(slot_id)
+        return slots
+
     def _check_extent_issued(self, extent: CacheExtentRef, record: Extent | None) -> None:
         if record is None:
             if 0 < extent.generation < self._state.next_extent:
@@ -832,11 +895,16 @@ class LocalGPURuntime:
         return phys
 
     def _new_page(self) -> int:
+        return self._new_page_phys()[0]
+
+    def _new_page_phys(self) -> tuple[int, int]:
+        """A new page name with one holder and a valid device copy: (name, its device page)."""
         st = self._state
         name, st.next_page = st.next_page, st.next_page + 1
-        st.pages[name] = Page(holders=1, versions=[0] * self.page_size, copies={Tier.L1: Copy(self._take_phys(Tier.L1), CopyState.VALID)})
+        phys = self._take_phys(Tier.L1)
+        st.pages[name] = Page(1, [0] * self.page_size, {Tier.L1: Copy(phys, CopyState.VALID)})
         self._undo(functools.partial(_forget_page, st, name))
-        return name
+        return name, phys
 
     def _transfers_on(self, tier: Tier, phys: int) -> set[int]:
         """Transfers not yet retired that read or write physical page `phys` of `tier`."""
@@ -1028,6 +1096,14 @@ class LocalGPURuntime:
         st.unreported.append(TransferCompletion(record.ticket))
         undo(st.unreported.pop)
 
+    def _restoring_pages(self) -> set[int]:
+        """Page names that restores not yet retired fill (empty, and cheap, when none is in flight)."""
+        transfers = self._state.transfers
+        if not transfers:
+            return set()
+        restore = TransferKind.RESTORE
+        return {p for tr in transfers.values() if tr.kind is restore for p, _, _ in tr.pages}
+
     def _await_restores(self, pages: set[int]) -> list[int]:
         """Retire, in dependency order, every transfer filling an L1 copy of `pages`; return their ids.
 
@@ -1135,7 +1211,11 @@ class LocalGPURuntime:
             self._pump_d2h(pieces=1)  # the throttle: one piece of background D2H per batch
         self._executed_since_pump = True
         # Read the outputs in the compute stream's order: that one wait covers the batch.
-        outputs = self._compute.submit(lambda: result.result().tolist()).result()
+        # On CPU the forward's own result is that point (its worker ran it in order).
+        if self.device.type == "cuda":
+            outputs = self._compute.submit(lambda: result.result().tolist()).result()
+        else:
+            outputs = result.result().tolist()
         return runner.finish(outputs, items)
 
     # ---------------------------------------------------------------------------------

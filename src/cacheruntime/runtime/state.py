@@ -92,6 +92,7 @@ class Batch:
     end_tokens: dict[int, int]  # slot -> reserved length after this batch
     start_tokens: dict[int, int]  # slot -> reserved length before it (for cancel)
     start_pages: dict[int, int]  # slot -> row pages before it (for cancel)
+    ends: list[int] | None = None  # end_tokens in plan item order (prepared batches)
 
 
 @dataclass

@@ -16,8 +16,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any, Protocol
 
 import torch
@@ -38,27 +38,62 @@ class Result(Protocol):
 
 
 class CpuEvent:
-    """An event on a CPU stream: set by the stream's worker when it reaches it."""
+    """An event on a CPU stream: set by the stream's worker when it reaches it.
+
+    A lock held from creation until `set` (cheaper than a `threading.Event`, which the
+    runtime would build once per batch): done once it is free.
+    """
+
+    __slots__ = ("_lock",)
 
     def __init__(self) -> None:
-        self._done = threading.Event()
+        self._lock = _allocate_lock()
+        self._lock.acquire()
 
     def query(self) -> bool:
-        return self._done.is_set()
+        return not self._lock.locked()
 
     def synchronize(self) -> None:
-        self._done.wait()
+        lock = self._lock
+        if lock.locked():
+            lock.acquire()
+            lock.release()
 
     def set(self) -> None:
-        self._done.set()
+        if self._lock.locked():
+            self._lock.release()
+
+
+class CpuResult:
+    """What a CPU stream's job returned or raised, once the worker has run it (a light Future)."""
+
+    __slots__ = ("_lock", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._lock = _allocate_lock()
+        self._lock.acquire()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return not self._lock.locked()
+
+    def result(self) -> Any:
+        lock = self._lock
+        if lock.locked():
+            lock.acquire()
+            lock.release()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class CpuStream:
     """A CUDA-like stream on CPU: one daemon worker thread running submitted work in order.
 
     A function that raises does not stop the stream (as an asynchronous CUDA error would
-    not stop later launches from being queued); its exception is kept in its `Future`,
-    which `submit` returns.
+    not stop later launches from being queued); its exception is kept in the result that
+    `submit` returns.
     """
 
     def __init__(self, name: str):
@@ -71,20 +106,19 @@ class CpuStream:
         while (job := self._queue.get()) is not None:
             job()
 
-    def submit(self, fn: Callable[[], Any]) -> Future:
-        """Queue `fn` after everything submitted before; its result arrives in the Future."""
-        future: Future = Future()
+    def submit(self, fn: Callable[[], Any]) -> CpuResult:
+        """Queue `fn` after everything submitted before; its value (or error) arrives in the result."""
+        result = CpuResult()
 
         def job() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
             try:
-                future.set_result(fn())
+                result._value = fn()
             except BaseException as error:  # kept for whoever reads the result
-                future.set_exception(error)
+                result._error = error
+            result._lock.release()
 
         self._queue.put(job)
-        return future
+        return result
 
     def record(self) -> CpuEvent:
         """An event that is set when the worker has run everything submitted so far."""

@@ -229,9 +229,10 @@ class RuntimeConformance(RuleBasedStateMachine):
         expected, model_error = _outcome(lambda: getattr(self.model, operation)(*args))
         try:
             actual, error = _outcome(lambda: getattr(self.runtime, operation)(*args))
-        except Exception as crash:
+        except Exception as crash:  # a crash where the model refuses is evidence against what it refuses for
+            ids = ids_for_error_mismatch(operation, model_error) if model_error is not None else (f"contract:{operation}",)
             raise ConformanceFailure(
-                (f"contract:{operation}",), f"{operation} raised {type(crash).__name__}: {crash} (not a CacheRuntimeError)"
+                ids, f"{operation} raised {type(crash).__name__}: {crash} (not a CacheRuntimeError)"
             ) from crash
         if currently_in_test_context():  # outcome statistics (--hypothesis-show-statistics); not in a replayed script
             event(f"{operation}: {type(model_error).__name__ if model_error else 'ok'}")
@@ -269,10 +270,9 @@ class RuntimeConformance(RuleBasedStateMachine):
         after = self._probe()
         if after is None:
             return
-        if after.transfers == before.transfers and after != before:
-            raise ConformanceFailure(
-                ("H1",), f"{operation} raised but changed the state: " + "; ".join(invariants.H1_failed_call_changes_nothing(before, after))
-            )
+        changed = invariants.H1_failed_call_changes_nothing(before, after)
+        if after.transfers == before.transfers and changed:
+            raise ConformanceFailure(("H1",), f"{operation} raised but changed the state: " + "; ".join(changed))
         self._sync()
         self._match_model(operation, self.runtime.probe())
 

@@ -55,6 +55,9 @@ from cacheruntime.protocol import (
     RuntimeInfo,
     Tier,
     TransferKind,
+    StaleHandle,
+    ForeignRuntime,
+    UnknownHandle,
 )
 
 #: Seconds per transfer asked of a runtime with DELAY_KNOB in the ordering check: long
@@ -247,8 +250,10 @@ class RuntimeConformance(RuleBasedStateMachine):
             )
         if error is not None:
             if not _same_error(error, model_error):
+                handle_errors = (StaleHandle, ForeignRuntime, UnknownHandle)
+                both_handle_errors = isinstance(error, handle_errors) and isinstance(model_error, handle_errors)
                 raise ConformanceFailure(
-                    (f"contract:{operation}",),
+                    (f"contract:{operation}",) if both_handle_errors else ids_for_error_mismatch(operation, model_error),
                     f"{operation} raised {_describe_error(error)}; the model raised {_describe_error(model_error)}: {model_error}",
                 )
             self._judge_failed(operation, before)
@@ -470,10 +475,12 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @precondition(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), how=st.sampled_from(["release", "retain", "split"]))
         def tree_operation(self, i, how):
-            """The tree releases, retains or splits the i-th live extent."""
+            """The tree releases, retains or splits the i-th live extent; after a split, a late
+            release of the pre-split ref must be stale (scenario 10)."""
             extent = self._live_extent(i)
             if how == "split":
-                self._call("split", extent, max(1, extent.page_count // 2))
+                if self._call("split", extent, max(1, extent.page_count // 2)) is not None:
+                    self._call("release", extent)
             else:
                 self._call(how, extent)
 
@@ -542,14 +549,15 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @rule(forgery=st.sampled_from(["request", "extent", "batch", "empty_plan", "open_when_full", "beyond_free_pages"]))
         def misuse(self, forgery):
             if forgery == "beyond_free_pages":  # scenario 6: one page more than is free, when some are
-                live = [i for i, slot in enumerate(self.model.state.slots) if slot.live and not slot.reserved_tokens]
-                request = (
-                    RequestRuntimeHandle(rid, self.model.state.epoch, live[0], self.model.state.slots[live[0]].generation)
-                    if live else self._call("open_request")
-                )
-                free = len(self.model.state.pools[Tier.L1].free)
-                if request is not None:
-                    self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range((free + 1) * ps))),)))
+                if not any(slot.live for slot in self.model.state.slots) and self._call("open_request") is None:
+                    return
+                slots = self.model.state.slots
+                slot_id = min((i for i, s in enumerate(slots) if s.live), key=lambda i: slots[i].reserved_tokens)
+                slot, free = slots[slot_id], len(self.model.state.pools[Tier.L1].free)
+                tokens = (len(slot.pages) + free + 1) * ps - slot.reserved_tokens
+                if free and slot.reserved_tokens + tokens <= self.info.max_request_tokens:
+                    request = RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation)
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(tokens))),)))
             elif forgery == "empty_plan":
                 self._call("prepare_batch", BatchPlan(()))
             elif forgery == "open_when_full":

@@ -39,3 +39,13 @@ def test_cli_lists_every_subcommand():
     proc = subprocess.run([sys.executable, "-m", "cacheruntime.cli", "--help"], capture_output=True, text=True)
     for command in ("run", "conformance", "tlc", "z3", "bench", "check"):
         assert command in proc.stdout
+
+
+def test_gate_end_to_end_on_the_local_runtime(tmp_path):
+    """Every stage for real: traceability, TLC on the manifest, Z3 proofs, conformance on LocalGPURuntime."""
+    junit = tmp_path / "gate.xml"
+    proc = _check("--no-shrink", "--junitxml", str(junit))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    names = [case.get("name") for case in ET.parse(junit).getroot().iter("testcase")]
+    assert names == ["traceability", "tlc", "z3", "conformance"]
+    assert "gate: passed" in proc.stdout

@@ -16,7 +16,7 @@ check=$?
 OUT="$ROOT/bench" bash scripts/gpu_bench.sh >"$ROOT/gpu_bench.log" 2>&1
 bench=$?
 
-cp "$ROOT/check/summary.txt" "$ROOT/check/run.json" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/" 2>/dev/null
+cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/" 2>/dev/null
 tar czf "$ROOT/results.tar.gz" -C "$ROOT" check bench && rm -rf "$ROOT/check" "$ROOT/bench"
 echo "gpu_check exit $check, gpu_bench exit $bench"
 tail -n 12 "$ROOT/summary.txt" 2>/dev/null

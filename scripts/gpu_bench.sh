@@ -4,7 +4,9 @@
 # Writes, under $OUT (default ./bench-out): machine.txt (nvidia-smi, date, torch),
 # bench.log (header + the printed table), bench.json (every row with its details),
 # timeline/trace-*.json (Chrome/Perfetto traces of a few two-phase batches) and
-# timeline-h200.png (the compute/H2D/D2H timeline), diag.json (see bench/diag.py). Needs torch with CUDA; no network.
+# timeline-h200.png (the compute/H2D/D2H timeline), diag.json (see bench/diag.py),
+# hostprof.json/.txt (bench/hostprof.py), itlvariants.json (bench/itlvariants.py).
+# Needs torch with CUDA; no network.
 set -uo pipefail
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
@@ -24,4 +26,9 @@ fi
 # Diagnostics behind the overlap and write-back rows (restore alone vs under compute, DMA
 # piece sizes, a small D2H read behind a backup, the UVA gather kernel): $OUT/diag.json.
 python3 -m cacheruntime.bench.diag "$OUT/diag.json" >"$OUT/diag.log" 2>&1 || echo "diag failed (see diag.log)"
+# Where the boundary's host time goes (decode steps with the collector on and paused, their
+# cProfile; the host cost of issuing a 384-page restore): $OUT/hostprof.json, hostprof.txt.
+python3 -m cacheruntime.bench.hostprof "$OUT" cuda >"$OUT/hostprof.log" 2>&1 || echo "hostprof failed (see hostprof.log)"
+# The ITL workload under each D2H issue point, throttle and copy path: $OUT/itlvariants.json.
+python3 -m cacheruntime.bench.itlvariants "$OUT/itlvariants.json" >"$OUT/itlvariants.log" 2>&1 || echo "itlvariants failed (see itlvariants.log)"
 exit "$rc"

@@ -31,6 +31,11 @@ class Tier(enum.Enum):
     L1 = "L1"
     L2 = "L2"
 
+    # Members are singletons compared by identity, so the identity hash is correct, and it
+    # is C code: the runtime keys its per-page copies and pools by tier on the hot path,
+    # where Enum's own `__hash__` (Python, hashing the name) cost more than the lookup.
+    __hash__ = object.__hash__
+
 
 class Capability(enum.Enum):
     """What a runtime claims to support; the conformance suite skips what is not claimed."""
@@ -135,6 +140,8 @@ class TransferKind(enum.Enum):
 
     BACKUP = "backup"  # L1 -> L2 (D2H)
     RESTORE = "restore"  # L2 -> L1 (H2D)
+
+    __hash__ = object.__hash__  # as for Tier: tickets and the runtime's tables hash it often
 
 
 # --------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rounds", type=int, help="alternating quiet/write-back rounds (3)")
     g.add_argument("--timeline-steps", type=int, help="two-phase steps in each timeline trace (4)")
     g.add_argument("--cpu-batches", type=_ints, help="batch sizes for the cpu section (1,16,64,256)")
-    g.add_argument("--cpu-steps", type=int, help="timed decode steps per batch size (64)")
+    g.add_argument("--cpu-steps", type=int, help="timed decode steps per batch size (300)")
     g.add_argument("--cpu-warmup", type=int, help="untimed decode steps first (8)")
     g.add_argument("--cpu-context", type=int, help="context tokens per request before the timed steps (1024)")
     g.add_argument("--cpu-page-size", type=int, help="page size for the cpu section (16)")
@@ -101,7 +101,7 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "rounds": (3, 2, 2, 1),
     "timeline_steps": (4, 4, 0, 0),
     "cpu_batches": ([1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256]),
-    "cpu_steps": (24, 8, 16, 4),
+    "cpu_steps": (300, 8, 16, 4),
     "cpu_warmup": (4, 2, 2, 1),
     "cpu_context": (1024, 1024, 256, 32),
     "cpu_page_size": (16, 16, 16, 16),

@@ -16,12 +16,13 @@ step for B = 1..256.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
 import torch
 
-from cacheruntime.bench.harness import NullRunner, close_runtime, make_runtime, set_runner, to_device
+from cacheruntime.bench.harness import GcClock, NullRunner, close_runtime, make_runtime, set_runner, to_device
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan
 
@@ -61,11 +62,37 @@ class DirectPools:
         return self.null.finish(self.null.forward(None, self.table, slots).tolist(), slots)
 
 
-def _mean_step(fn: Any, steps: int) -> float:
+CALLS = ("prepare_batch", "execute_batch", "poll_completions")
+
+
+def timed_step(rt: Any, plan: BatchPlan, split: dict[str, float]) -> None:
+    """One decode step through the boundary; each call's host seconds are added to `split`."""
     t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return (time.perf_counter() - t0) / steps
+    h = rt.prepare_batch(plan)
+    t1 = time.perf_counter()
+    rt.execute_batch(h)
+    t2 = time.perf_counter()
+    rt.poll_completions()
+    t3 = time.perf_counter()
+    split["prepare_batch"] += t1 - t0
+    split["execute_batch"] += t2 - t1
+    split["poll_completions"] += t3 - t2
+
+
+def _mean_step(fn: Any, steps: int) -> tuple[float, float]:
+    """Mean seconds per call of `fn` over `steps` calls, and the garbage collector's seconds per call in them.
+
+    The collector starts each window with nothing left over from the setup (`gc.collect()`
+    first, as benchmark harnesses do), so what it costs in the window is what the steps
+    themselves allocate.
+    """
+    gc.collect()
+    with GcClock() as clock:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        seconds = time.perf_counter() - t0
+    return seconds / steps, sum(clock.seconds) / steps
 
 
 def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
@@ -83,29 +110,20 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                     rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * args.cpu_context) for r in requests))))
                 items = tuple(BatchItem(r, (1,)) for r in requests)
                 plan = BatchPlan(items)
-                split = {"prepare_batch": 0.0, "execute_batch": 0.0, "poll_completions": 0.0}
+                split = dict.fromkeys(CALLS, 0.0)
 
                 def boundary_step() -> None:
-                    t0 = time.perf_counter()
-                    h = rt.prepare_batch(plan)
-                    t1 = time.perf_counter()
-                    rt.execute_batch(h)
-                    t2 = time.perf_counter()
-                    rt.poll_completions()
-                    t3 = time.perf_counter()
-                    split["prepare_batch"] += t1 - t0
-                    split["execute_batch"] += t2 - t1
-                    split["poll_completions"] += t3 - t2
+                    timed_step(rt, plan, split)
 
                 for _ in range(args.cpu_warmup):
                     boundary_step()
                 split = dict.fromkeys(split, 0.0)
-                boundary = _mean_step(boundary_step, args.cpu_steps)
+                boundary, boundary_gc = _mean_step(boundary_step, args.cpu_steps)
                 direct_pools = DirectPools(device, batch, ps, pages, max_tokens)
                 direct_pools.prefill(args.cpu_context)
                 for _ in range(args.cpu_warmup):
                     direct_pools.step()
-                direct = _mean_step(direct_pools.step, args.cpu_steps)
+                direct, direct_gc = _mean_step(direct_pools.step, args.cpu_steps)
                 rows.append(
                     Row(
                         SECTION,
@@ -123,6 +141,7 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                             "steps": args.cpu_steps,
                             "context": args.cpu_context,
                             "per_call_us": {k: v / args.cpu_steps * 1e6 for k, v in split.items()},
+                            "gc_us_per_step": {"boundary": boundary_gc * 1e6, "in_process": direct_gc * 1e6},
                             "reference_sglang_0_5_23_us": "67-71 (alloc_decode + ReqToToken write, CPU)",
                         },
                     )

@@ -80,6 +80,29 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
+class GcClock:
+    """Seconds the garbage collector ran, per generation, while installed (`with GcClock() as clock`)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._t0
+            self.count[info["generation"]] += 1
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self)
+
+
 def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -114,11 +115,14 @@ def _compute_ms(d: Decode, n: int, wb: WriteBack | None, split: dict[str, float]
     return times
 
 
-def _measure(args: Any, device: torch.device, options: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
+def _measure(args: Any, device: torch.device, options: dict[str, Any], setup: Callable[[Any], None] | None = None) -> tuple[float, float, dict[str, Any]]:
+    """Mean step seconds quiet and with write-back, and the details; `setup(runtime)` runs first (diagnostics)."""
     growth = 2 * (2 * args.rounds * args.steps + 8) + 64
     wb_pages = min(args.writeback_pages, args.context // args.overlap_page_size)
     d = Decode(args, device, extents=0, extent_pages=1, growth=growth, l2_extra=(args.decode_batch + 4) * wb_pages, runtime_options=options)
     try:
+        if setup is not None:
+            setup(d.rt)
         wb = WriteBack(d, wb_pages)
         steps(d, 2, None)
         steps(d, 2, wb)

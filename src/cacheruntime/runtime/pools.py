@@ -35,8 +35,7 @@ from typing import Any
 
 import torch
 
-from cacheruntime.pageruns import coalesce
-from cacheruntime.runtime.streams import to_device
+from cacheruntime.runtime.streams import current_cuda_stream, on_stream, to_device
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -89,6 +88,7 @@ class KVMemory:
         self.uva_max_run = uva_max_run if self.page_bytes <= uva_max_page_bytes else 0.0
         self.last_path = ""
         if self.cuda:
+            self._device_index = device.index if device.index is not None else torch.cuda.current_device()
             self._lane_offsets = torch.arange(self.lanes, dtype=torch.int64, device=device) * l1_pages
             self._lane_steps = torch.arange(self.lanes, dtype=torch.int64, device=device)
             if l2_pages:
@@ -99,8 +99,10 @@ class KVMemory:
                 # High priority: a chunk's scatter (gather) is a short kernel that must not
                 # queue behind compute's, or the restore it finishes is exposed after all.
                 self._scatter = torch.cuda.Stream(device, priority=-1)
+                self._on_scatter = on_stream(self._scatter)
                 # The backup's gather is background work: lowest priority, never ahead of compute.
                 self._gather = torch.cuda.Stream(device, priority=0)
+                self._on_gather = on_stream(self._gather)
                 self._in_free: list[Any] = [None, None]  # the scatter that last read stage_in[i]
                 self._out_free: list[Any] = [None, None]  # the D2H that last read stage_out[i]
 
@@ -146,8 +148,7 @@ class KVMemory:
         """Short runs of host pages (mean run <= uva_max_run) and a working UVA kernel."""
         if self.uva_max_run <= 0 or _uva_kernel() is None or len(host_pages) < 2:
             return False
-        runs = len(coalesce(host_pages))
-        return len(host_pages) <= self.uva_max_run * runs
+        return len(host_pages) <= self.uva_max_run * len(_runs(host_pages))
 
     def _uva_copy(self, src: torch.Tensor, src_index: torch.Tensor, dst: torch.Tensor, dst_index: torch.Tensor) -> bool:
         """`dst[dst_index] = src[src_index]` (rows) in one kernel on the current stream, host
@@ -166,14 +167,14 @@ class KVMemory:
         """H2D of host pages `src_l2` into device pages `dst_l1`, on the current stream."""
         index = self._row_index(dst_l1)
         if not self.cuda:
-            rows = torch.cat([self._host_rows(run.first_page, run.page_count) for run in coalesce(src_l2)])
+            rows = torch.cat([self._host_rows(first_page, page_count) for first_page, page_count in _runs(src_l2)])
             self.l1_rows.index_copy_(0, index, rows)
             return
         if self._use_uva(src_l2) and self._uva_copy(self.l2_rows, self._host_index(src_l2), self.l1_rows, index):
             self.last_path = "uva"
             return
         self.last_path = "dma"
-        main, scatter, lanes, piece = torch.cuda.current_stream(self.device), self._scatter, self.lanes, self.dma_rows
+        main, scatter, lanes, piece = current_cuda_stream(self._device_index), self._scatter, self.lanes, self.dma_rows
         done = None
         for n, first in enumerate(range(0, len(src_l2), self.chunk_pages)):
             slot = n % 2
@@ -181,15 +182,15 @@ class KVMemory:
                 main.wait_event(self._in_free[slot])
             buf = self._stage_in[slot]
             offset = 0
-            for run in coalesce(src_l2[first : first + self.chunk_pages]):
-                base = run.first_page * lanes
-                for lo in range(0, run.page_count * lanes, piece):
-                    rows = min(piece, run.page_count * lanes - lo)
+            for first_page, page_count in _runs(src_l2[first : first + self.chunk_pages]):
+                base = first_page * lanes
+                for lo in range(0, page_count * lanes, piece):
+                    rows = min(piece, page_count * lanes - lo)
                     buf[offset : offset + rows].copy_(self.l2_rows[base + lo : base + lo + rows], non_blocking=True)
                     offset += rows
             landed = main.record_event()
             scatter.wait_event(landed)
-            with torch.cuda.stream(scatter):
+            with self._on_scatter:
                 lo = first * lanes
                 self.l1_rows.index_copy_(0, index[lo : lo + offset], buf[:offset])
             done = self._in_free[slot] = scatter.record_event()
@@ -203,16 +204,16 @@ class KVMemory:
         if not self.cuda:
             rows = self.l1_rows.index_select(0, index)
             offset = 0
-            for run in coalesce(dst_l2):
-                count = run.page_count * self.lanes
-                self._host_rows(run.first_page, run.page_count).copy_(rows[offset : offset + count])
+            for first_page, page_count in _runs(dst_l2):
+                count = page_count * self.lanes
+                self._host_rows(first_page, page_count).copy_(rows[offset : offset + count])
                 offset += count
             return
         if self._use_uva(dst_l2) and self._uva_copy(self.l1_rows, index, self.l2_rows, self._host_index(dst_l2)):
             self.last_path = "uva"
             return
         self.last_path = "dma"
-        main, gather, lanes, piece = torch.cuda.current_stream(self.device), self._gather, self.lanes, self.dma_rows
+        main, gather, lanes, piece = current_cuda_stream(self._device_index), self._gather, self.lanes, self.dma_rows
         gather.wait_event(main.record_event())  # after the runtime's wait for compute (O2)
         for n, first in enumerate(range(0, len(src_l1), self.chunk_pages)):
             slot = n % 2
@@ -221,19 +222,39 @@ class KVMemory:
             rows = len(chunk) * lanes
             if self._out_free[slot] is not None:
                 gather.wait_event(self._out_free[slot])
-            with torch.cuda.stream(gather):
+            with self._on_gather:
                 lo = first * lanes
                 torch.index_select(self.l1_rows, 0, index[lo : lo + rows], out=buf[:rows])
             main.wait_event(gather.record_event())
             offset = 0
-            for run in coalesce(chunk):
-                base = run.first_page * lanes
-                for lo in range(0, run.page_count * lanes, piece):
-                    count = min(piece, run.page_count * lanes - lo)
+            for first_page, page_count in _runs(chunk):
+                base = first_page * lanes
+                for lo in range(0, page_count * lanes, piece):
+                    count = min(piece, page_count * lanes - lo)
                     self.l2_rows[base + lo : base + lo + count].copy_(buf[offset : offset + count], non_blocking=True)
                     offset += count
             self._out_free[slot] = main.record_event()
         index.record_stream(gather)
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int]]:
+    """(first page, count) of each run of consecutive physical pages, in order.
+
+    The copy loops' own run finder: `pageruns.coalesce` is the protocol's page-run algebra,
+    written in fixed-shape form for Z3, and costs a few objects per page; here only the
+    runs of one copy's physical pages matter, on the host's issue path.
+    """
+    runs: list[tuple[int, int]] = []
+    if not pages:
+        return runs
+    first = previous = pages[0]
+    for page in pages[1:]:
+        if page != previous + 1:
+            runs.append((first, previous - first + 1))
+            first = page
+        previous = page
+    runs.append((first, previous - first + 1))
+    return runs
 
 
 # -------------------------------------------------------------------------------------

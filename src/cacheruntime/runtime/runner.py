@@ -18,7 +18,8 @@ batch reads (O1) before it calls `forward`.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import attrs
 import torch
@@ -52,14 +53,57 @@ class DecoderConfig:
 class ComputeItem(NamedTuple):
     """One item as compute sees it: row `slot` computes positions `start .. end-1`.
 
-    A NamedTuple rather than an attrs class: the runtime builds one per item per step.
+    A NamedTuple rather than an attrs class, and its tags as their first value (they are
+    consecutive): the runtime builds one per item per step, and each object it allocates
+    there is work for the garbage collector.
     """
 
     slot: int
     start: int
     end: int
     token_ids: tuple[int, ...]  # the tokens at positions start .. end-1
-    tags: tuple[int, ...]  # their version tags
+    first_tag: int  # the version tag of position start; position start + i has first_tag + i
+
+    @property
+    def tags(self) -> range:
+        """The version tags of positions start .. end-1."""
+        return range(self.first_tag, self.first_tag + self.end - self.start)
+
+
+class ComputeBatch:
+    """A batch as compute sees it: the columns of its `ComputeItem`s, one list per field.
+
+    The runtime fills the columns from lists it already holds for the batch, so a step
+    builds no object per item; a runner that wants items iterates (or indexes) the batch
+    and gets `ComputeItem`s built on the fly. `token_ids` is built on first use from the
+    plan's items and the rows' previous outputs (read before the runtime updates them),
+    since a model that does not read tokens (the bench's) should not pay for them.
+    """
+
+    __slots__ = ("slots", "starts", "ends", "first_tags", "_items", "_rows", "_token_ids")
+
+    def __init__(self, slots: list[int], starts: list[int], ends: list[int], first_tags: Sequence[int], items: Sequence[Any], rows: Sequence[Any]):
+        self.slots, self.starts, self.ends, self.first_tags = slots, starts, ends, first_tags
+        self._items, self._rows = items, rows  # the plan's BatchItems and their slots' records
+        self._token_ids: list[tuple[int, ...]] | None = None
+
+    @property
+    def token_ids(self) -> list[tuple[int, ...]]:
+        """Per item, the tokens at positions start .. end-1: the previous output if appended, then its inputs."""
+        if self._token_ids is None:
+            self._token_ids = [
+                (row.last_output, *item.input_ids) if item.append_previous_output else tuple(item.input_ids) for item, row in zip(self._items, self._rows)
+            ]
+        return self._token_ids
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __iter__(self) -> Iterator[ComputeItem]:
+        return map(ComputeItem, self.slots, self.starts, self.ends, self.token_ids, self.first_tags)
+
+    def __getitem__(self, index: int) -> ComputeItem:
+        return ComputeItem(self.slots[index], self.starts[index], self.ends[index], self.token_ids[index], self.first_tags[index])
 
 
 class TinyRunner:
@@ -92,7 +136,7 @@ class TinyRunner:
         ]
         self.unembed = weight(config.hidden, config.vocab)
 
-    def forward(self, memory, table: torch.Tensor, items: list[ComputeItem]) -> torch.Tensor:
+    def forward(self, memory, table: torch.Tensor, items: ComputeBatch) -> torch.Tensor:
         """Each item's greedy next token (a device tensor), writing and reading KV through `table`."""
         out = []
         for item in items:
@@ -108,7 +152,7 @@ class TinyRunner:
             out.append(self._decode(item.token_ids, item.start, paged_kv))
         return torch.stack(out)
 
-    def finish(self, outputs: list, items: list[ComputeItem]) -> list[int]:
+    def finish(self, outputs: list, items: ComputeBatch) -> list[int]:
         """The host values of `forward`'s tensor: one token per item."""
         return [int(token) for token in outputs]
 
@@ -148,7 +192,7 @@ class TaggingRunner:
         self.config = config
         self.device = device
 
-    def forward(self, memory, table: torch.Tensor, items: list[ComputeItem]) -> torch.Tensor:
+    def forward(self, memory, table: torch.Tensor, items: ComputeBatch) -> torch.Tensor:
         """Write each item's tags at its new locations; return the tags read for positions 0 .. end-1."""
         read = []
         for item in items:
@@ -162,7 +206,7 @@ class TaggingRunner:
             read.append(self.decode(copies))
         return torch.cat(read)
 
-    def finish(self, outputs: list, items: list[ComputeItem]) -> list[int]:
+    def finish(self, outputs: list, items: ComputeBatch) -> list[int]:
         """`tag_digest` of the tags each item read, in item order."""
         tokens, offset = [], 0
         for item in items:

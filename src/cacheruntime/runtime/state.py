@@ -19,8 +19,10 @@ order) are undone from the call's journal (`cacheruntime.runtime.local`).
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from cacheruntime.protocol import BatchPlan, CopyState, Tier, TransferCompletion, TransferKind, TransferTicket
 
@@ -39,20 +41,31 @@ class Slot:
     last_output: int | None = None  # the token the latest executed batch sampled
 
 
-@dataclass
-class Copy:
-    """One tier's copy of a page name: its physical page and whether it is readable yet."""
+class Copy(NamedTuple):
+    """One tier's copy of a page name: its physical page and whether a transfer still fills it.
+
+    Immutable, replaced when the transfer filling it retires. Made of an int and a bool,
+    the garbage collector stops tracking it after its first pass: a long-running server holds
+    one per page and tier, and every tracked object is work for each full collection.
+    """
 
     phys: int
-    state: CopyState
+    filling: bool
+
+    @property
+    def state(self) -> CopyState:
+        return CopyState.FILLING if self.filling else CopyState.VALID
 
 
 @dataclass
 class Page:
-    """A page name: holders (rows and extents), last-written version tags, its copies."""
+    """A page name: holders (rows and extents), last-written version tags, its copies.
+
+    `versions` is an `array('q')`, which the garbage collector does not track (see Copy).
+    """
 
     holders: int
-    versions: list[int]
+    versions: array
     copies: dict[Tier, Copy] = field(default_factory=dict)
 
 
@@ -63,36 +76,49 @@ class Pool:
     `believed` is what each physical page should hold after the writes and transfers the
     runtime has issued: it survives frees and restarts, as memory does. A runner that
     claims TAGGED_COMPUTE reports the real bytes instead, which is how D1 catches a race.
+    One flat list, `page_size` tags per physical page (page p's tags are
+    `believed[p * page_size : (p + 1) * page_size]`): a decode step sets one element, and
+    the pool is one object for the garbage collector, not one per page.
     """
 
     total: int
     free: deque[int]
-    believed: list[tuple[int, ...]]
+    believed: list[int]
     deferred: dict[int, set[int]] = field(default_factory=dict)  # phys -> transfers it waits for
 
 
 @dataclass
 class Extent:
-    """A live extent: its page names in order and its reference count."""
+    """A live extent: its page names in order, its reference count, and the runs its ref names.
+
+    `runs` is `pageruns.coalesce(pages)`, computed once when the ref is issued: every use
+    of the ref checks it against the ref's runs, and coalescing per use cost more than the
+    call it guarded.
+    """
 
     pages: tuple[int, ...]
     refcount: int
+    runs: tuple = ()
 
 
 @dataclass
 class Batch:
-    """A prepared batch's record: plan, state, and the row lengths and page counts it spans.
+    """A prepared batch's record: plan, state, and per item (plan order) its slot and row lengths.
 
-    For an executed or cancelled batch (`State.finished`) only `state` and the keys of
-    `end_tokens` (its slots) are meaningful; `plan` is None.
+    For an executed or cancelled batch (`State.finished`) only `state` and `slot_set` are
+    meaningful; `plan` is None. Lists in plan order, not dicts keyed by slot: the hot path
+    reads them by position.
     """
 
     plan: BatchPlan | None
     state: str  # prepared | executed | cancelled
-    end_tokens: dict[int, int]  # slot -> reserved length after this batch
-    start_tokens: dict[int, int]  # slot -> reserved length before it (for cancel)
-    start_pages: dict[int, int]  # slot -> row pages before it (for cancel)
-    ends: list[int] | None = None  # end_tokens in plan item order (prepared batches)
+    slot_set: frozenset[int]  # the slots of its items
+    slots: list[int] = field(default_factory=list)  # item i's slot
+    starts: list[int] = field(default_factory=list)  # first position item i computes
+    ends: list[int] = field(default_factory=list)  # reserved length after this batch
+    start_tokens: list[int] = field(default_factory=list)  # reserved length before it (for cancel)
+    start_pages: list[int] = field(default_factory=list)  # row pages before it (for cancel)
+    one_token: bool = False  # every item computes exactly one token (a decode step)
 
 
 @dataclass
@@ -133,12 +159,12 @@ class State:
     calls: Counter = field(default_factory=Counter)
 
 
-def fresh_state(epoch: int, generations: list[int], believed: dict[Tier, list[tuple[int, ...]]], next_version: int) -> State:
+def fresh_state(epoch: int, generations: list[int], believed: dict[Tier, list[int]], page_size: int, next_version: int) -> State:
     """The state an epoch starts in: every slot free, every physical page on its free list."""
     return State(
         epoch=epoch,
         slots=[Slot(generation=g) for g in generations],
         pages={},
-        pools={tier: Pool(len(content), deque(range(len(content))), list(content)) for tier, content in believed.items()},
+        pools={tier: Pool(len(content) // page_size, deque(range(len(content) // page_size)), content) for tier, content in believed.items()},
         next_version=next_version,
     )

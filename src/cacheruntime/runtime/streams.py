@@ -159,6 +159,56 @@ class Ready:
         return self._value
 
 
+class on_stream:  # noqa: N801 (used like torch.cuda.stream, which it replaces)
+    """`with on_stream(s):` makes the CUDA stream `s` current for the block, as `torch.cuda.stream(s)`.
+
+    `torch.cuda.stream` is Python that looks the device up several times per use (tens of
+    microseconds on an H200 host, measured by `bench/hostprof.py`), and the runtime switches
+    streams a few times per batch and per transfer chunk. This sets and restores the
+    current stream with the two calls that context manager ends in. Where torch lacks them,
+    or `s` is not on the current device, it is `torch.cuda.stream(s)` itself.
+    """
+
+    __slots__ = ("_stream", "_target", "_saved")
+
+    def __init__(self, stream: torch.cuda.Stream):
+        self._stream = stream
+        self._target = (stream.stream_id, stream.device_index, stream.device_type)
+        self._saved: list[Any] = []  # what each open `with` restores (a stream, or torch's context)
+
+    def __enter__(self) -> None:
+        index = self._target[1]
+        if _FAST_SWITCH and torch._C._cuda_getDevice() == index:
+            self._saved.append(torch._C._cuda_getCurrentStream(index))
+            _set_stream(*self._target)
+        else:
+            context = torch.cuda.stream(self._stream)
+            context.__enter__()
+            self._saved.append(context)
+
+    def __exit__(self, *exc: Any) -> None:
+        saved = self._saved.pop()
+        if isinstance(saved, tuple):
+            _set_stream(*saved)
+        else:
+            saved.__exit__(*exc)
+
+
+def _set_stream(stream_id: int, device_index: int, device_type: int) -> None:
+    torch._C._cuda_setStream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+
+
+def current_cuda_stream(device_index: int) -> torch.cuda.Stream:
+    """`torch.cuda.current_stream(device_index)`, without its device lookups where torch allows."""
+    if _FAST_SWITCH:
+        stream_id, index, device_type = torch._C._cuda_getCurrentStream(device_index)
+        return torch.cuda.Stream(stream_id=stream_id, device_index=index, device_type=device_type)
+    return torch.cuda.current_stream(device_index)
+
+
+_FAST_SWITCH = all(hasattr(torch._C, name) for name in ("_cuda_getCurrentStream", "_cuda_setStream", "_cuda_getDevice"))
+
+
 class CudaStream:
     """A `torch.cuda.Stream`: functions run at once on the host and launch their kernels on it."""
 
@@ -168,10 +218,11 @@ class CudaStream:
         self.name = name
         self.device = device
         self._stream = torch.cuda.Stream(device, priority=priority)
+        self._current = on_stream(self._stream)
 
     def submit(self, fn: Callable[[], Any]) -> Ready:
         """Run `fn` with this stream current, so every kernel it launches is queued here."""
-        with torch.cuda.stream(self._stream):
+        with self._current:
             return Ready(fn())
 
     def record(self) -> torch.cuda.Event:
@@ -184,7 +235,7 @@ class CudaStream:
 
     def sleep(self, seconds: float) -> None:
         """Spin the stream for about `seconds` (`torch.cuda._sleep`), delaying later work on it."""
-        with torch.cuda.stream(self._stream):
+        with self._current:
             torch.cuda._sleep(int(seconds * self._calibrate(self.device)))
 
     def synchronize(self) -> None:

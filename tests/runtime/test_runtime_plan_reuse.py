@@ -1,0 +1,78 @@
+"""The same plan object prepared again: the runtime remembers its validated handles only while they hold.
+
+`prepare_batch` skips re-checking the item handles of a plan whose items tuple it validated
+last, as long as no slot opened or closed and the epoch is the same (a decode loop prepares
+one tuple step after step). Each test drives the runtime and the reference model with the
+same calls (`Twin`), so a remembered check that should have failed shows as a divergence.
+"""
+
+from __future__ import annotations
+
+import pytest
+from runtimekit import PS, item, new_twin, plan
+
+from cacheruntime.protocol import BatchPlan, InvalidPlan, OutOfPages, StaleHandle
+
+
+@pytest.fixture
+def twin(device):
+    t = new_twin(device)
+    yield t
+    t.runtime.close()
+
+
+def step(t, p):
+    return t.execute_batch(t.prepare_batch(p))
+
+
+def test_a_reused_plan_decodes_step_after_step(twin):
+    a, b = twin.open_request(), twin.open_request()
+    step(twin, plan(item(a, PS), item(b, PS)))
+    decode = plan(item(a, 1), item(b, 1))
+    for _ in range(3 * PS):
+        step(twin, decode)
+    assert [twin.runtime.probe().slots[h.slot_id].num_tokens for h in (a, b)] == [4 * PS, 4 * PS]
+
+
+def test_a_reused_plan_after_one_of_its_requests_closed_is_stale(twin):
+    a, b = twin.open_request(), twin.open_request()
+    decode = plan(item(a, 1), item(b, 1))
+    step(twin, decode)
+    twin.close_request(b)
+    with pytest.raises(StaleHandle):
+        twin.prepare_batch(decode)
+    twin.open_request()  # b's slot again, one generation on
+    with pytest.raises(StaleHandle):
+        twin.prepare_batch(decode)
+    step(twin, plan(item(a, 1)))
+
+
+def test_a_reused_items_tuple_after_restart_is_stale(twin):
+    a = twin.open_request()
+    decode = plan(item(a, 1))
+    step(twin, decode)
+    twin.restart()
+    with pytest.raises(StaleHandle):  # before any slot opens again: only the epoch differs
+        twin.prepare_batch(decode)
+    twin.open_request()
+    with pytest.raises(StaleHandle):
+        twin.prepare_batch(decode)
+
+
+def test_a_reused_plan_still_checks_what_changes_every_step(twin):
+    a = twin.open_request()
+    tokens = twin.info().l1_pages * PS  # the row can hold every device page, and no more
+    step(twin, plan(item(a, tokens - 1)))
+    decode = plan(item(a, 1))
+    step(twin, decode)
+    with pytest.raises(OutOfPages):
+        twin.prepare_batch(decode)
+
+
+def test_items_shared_by_two_plans_keep_each_plans_intents_checked(twin):
+    a = twin.open_request()
+    decode = plan(item(a, 1))
+    step(twin, decode)
+    with pytest.raises(InvalidPlan):  # the same items with a duplicate: a different tuple, checked again
+        twin.prepare_batch(BatchPlan(decode.items + decode.items))
+    step(twin, decode)

@@ -40,6 +40,7 @@ import operator
 import weakref
 from array import array
 from collections import deque
+from itertools import repeat
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -169,7 +170,7 @@ class LocalGPURuntime:
     - `_check_cancel_order(batch, record)`: a later prepared batch shares a request (BatchDependency)
     - `_check_demote_unmapped(record)`: demoting pages a live row maps (ExtentInUse)
     - `_require_free(tier, needed)`: OutOfPages before anything is allocated
-    - `_take_phys(tier)`: allocation from a free list
+    - `_take_phys(tier, count)`: allocation from a free list
     - `_free_phys(tier, phys)`: deferred free while a transfer touches the page (O3)
     - `_drop_holder(name)`: a page name loses a holder; at 0 its copies are freed (R3, R4)
     - `_release_ref(generation)`: an extent's reference count goes down; at 0 it ends (R3, R4)
@@ -359,7 +360,7 @@ class LocalGPURuntime:
         intents = plan.intents
         known = self._validated
         if known is not None and known[0] is items and known[1] is st and known[2] == self._slot_changes:
-            slots, rows, slot_set = known[3:]
+            slots, rows, slot_set, lengths, requests = known[3:]
             special = False
             for intent in intents:
                 self._check_intent_handles(intent)
@@ -370,8 +371,10 @@ class LocalGPURuntime:
             slot_set = frozenset(slots)
             if len(slot_set) != len(slots):
                 raise InvalidPlan("a request appears twice in the plan")
+            lengths = [len(item.input_ids) for item in items]
+            requests = [item.request for item in items]
             if not special:
-                self._validated = (items, st, self._slot_changes, slots, rows, slot_set)
+                self._validated = (items, st, self._slot_changes, slots, rows, slot_set, lengths, requests)
         restoring: set[int] = set()
         for intent in intents:
             if isinstance(intent, Restore):
@@ -379,17 +382,17 @@ class LocalGPURuntime:
         ps, max_tokens, pages, extents = self.page_size, self.max_request_tokens, st.pages, st.extents
         l1 = Tier.L1
         start_tokens = [slot.reserved_tokens for slot in rows]
-        start_pages = [len(slot.pages) for slot in rows]
-        lengths = [len(item.input_ids) for item in items]
         ends = list(map(operator.add, start_tokens, lengths))
         if not special and min(lengths) >= 1 and max(ends) <= max_tokens:
             # Items that only compute their inputs (decode and plain prefill): every check
-            # of the loop below passes, and each item starts where its row's reservation ends.
+            # of `_check_items` passes, and each item starts where its row's reservation
+            # ends. A row holds exactly the pages its reservation covers, so the pages
+            # needed are the pages the new reservations cover less those held.
             starts = start_tokens
             one_token = lengths.count(1) == len(lengths)
-            need = len(restoring) + sum(-(-end // ps) for end in ends) - sum(start_pages)
+            need = len(restoring) + _pages_covering(ends, ps) - _pages_covering(start_tokens, ps)
         else:
-            starts, ends, need, one_token = self._check_items(slots, rows, items, start_tokens, start_pages, restoring)
+            starts, ends, need, one_token = self._check_items(slots, rows, items, start_tokens, restoring)
         self._require_free(l1, need)
         # Every precondition held: from here on nothing fails.
         for intent in intents:
@@ -426,7 +429,7 @@ class LocalGPURuntime:
                 row.append(name)
                 grow -= 1
         batch_id = st.next_batch
-        st.batches[batch_id] = Batch(plan, "prepared", slot_set, slots, starts, ends, start_tokens, start_pages, one_token)
+        st.batches[batch_id] = Batch(plan, "prepared", slot_set, slots, starts, ends, start_tokens, requests, one_token)
         st.next_batch += 1
         self._commit()
         self._write_req_to_token(map_slots, map_index, map_phys)
@@ -434,7 +437,7 @@ class LocalGPURuntime:
         return PreparedBatchHandle(self.runtime_id, st.epoch, batch_id)
 
     def _check_items(
-        self, slots: list[int], rows: list[Slot], items: tuple[BatchItem, ...], start_tokens: list[int], start_pages: list[int], restoring: set[int]
+        self, slots: list[int], rows: list[Slot], items: tuple[BatchItem, ...], start_tokens: list[int], restoring: set[int]
     ) -> tuple[list[int], list[int], int, bool]:
         """Per item, in plan order: its tokens, attach, append and row size. (starts, ends, L1 pages needed, one token each)."""
         ps, max_tokens, pages, extents, l1 = self.page_size, self.max_request_tokens, self._state.pages, self._state.extents, Tier.L1
@@ -442,7 +445,8 @@ class LocalGPURuntime:
         ends: list[int] = []
         need = len(restoring)
         one_token = True
-        for slot_id, slot, item, reserved, row_pages in zip(slots, rows, items, start_tokens, start_pages):
+        for slot_id, slot, item, reserved in zip(slots, rows, items, start_tokens):
+            row_pages = len(slot.pages)
             append = item.append_previous_output
             new_tokens = len(item.input_ids) + 1 if append else len(item.input_ids)
             if new_tokens != 1:
@@ -555,7 +559,7 @@ class LocalGPURuntime:
         tokens = self._run_compute(items, kv_ready)
         for slot, token in zip(rows, tokens):
             slot.last_output = token
-        results = _item_results([item.request for item in plan.items], record.ends, tokens)
+        results = _item_results(record.requests, record.ends, tokens)
         return BatchCompletion(batch, results, tuple(published), tuple(tickets))
 
     @operation
@@ -568,8 +572,9 @@ class LocalGPURuntime:
         if record.state == "cancelled":
             raise NotPrepared(f"batch {batch.batch_id} was cancelled already")
         self._check_cancel_order(batch, record)
-        for slot_id, item, keep, reserved in zip(record.slots, record.plan.items, record.start_pages, record.start_tokens):
+        for slot_id, item, reserved in zip(record.slots, record.plan.items, record.start_tokens):
             slot = st.slots[slot_id]
+            keep = -(-reserved // self.page_size)  # the pages the row held: those its reservation covered
             for page in slot.pages[keep:]:
                 self._drop_holder(page)
             del slot.pages[keep:]
@@ -949,12 +954,13 @@ class LocalGPURuntime:
         if needed > free:
             raise OutOfPages(tier, needed, free)
 
-    def _take_phys(self, tier: Tier) -> int:
+    def _take_phys(self, tier: Tier, count: int) -> list[int]:
+        """The first `count` physical pages of `tier`'s free list, taken off it (the caller checked there are enough)."""
         free = self._state.pools[tier].free
-        phys = free.popleft()
+        taken = [free.popleft() for _ in range(count)]
         if self._journal is not None:
-            self._journal.append(functools.partial(free.appendleft, phys))
-        return phys
+            self._journal.append(functools.partial(free.extendleft, taken[::-1]))
+        return taken
 
     def _new_page(self) -> int:
         return self._new_page_phys()[0]
@@ -963,8 +969,8 @@ class LocalGPURuntime:
         """A new page name with one holder and a valid device copy: (name, its device page)."""
         st = self._state
         name, st.next_page = st.next_page, st.next_page + 1
-        phys = self._take_phys(Tier.L1)
-        st.pages[name] = Page(1, self._no_versions[:], {Tier.L1: Copy(phys, False)})
+        phys = self._take_phys(Tier.L1, 1)[0]
+        st.pages[name] = Page(1, self._no_versions[:], {Tier.L1: _new_copy(Copy, (phys, False))})
         self._undo(functools.partial(_forget_page, st, name))
         return name, phys
 
@@ -1118,15 +1124,14 @@ class LocalGPURuntime:
         self._undo(functools.partial(setattr, st, "next_transfer", transfer_id))
         record = Transfer(kind, generation, [], set(), TransferTicket(self.runtime_id, st.epoch, transfer_id, kind, generation, len(pages)))
         src_tier, dst_tier = record.tiers
-        take, all_pages, moved = self._take_phys, st.pages, record.pages
+        all_pages, moved = st.pages, record.pages
         given: list[dict] = []  # the copies dicts that got a destination copy, for the undo
-        for name in pages:
+        for name, destination in zip(pages, self._take_phys(dst_tier, len(pages))):
             copies = all_pages[name].copies
             source = copies[src_tier]
             if source.filling:
                 record.waits_for |= self._transfers_on(src_tier, source.phys)
-            destination = take(dst_tier)
-            copies[dst_tier] = Copy(destination, True)
+            copies[dst_tier] = _new_copy(Copy, (destination, True))
             given.append(copies)
             moved.append((name, source.phys, destination))
         if self._journal is not None:
@@ -1161,7 +1166,7 @@ class LocalGPURuntime:
             if target is not None and target.phys == dst:
                 if journal is not None:
                     made_valid.append((page.copies, dst_tier, target))
-                page.copies[dst_tier] = Copy(dst, False)
+                page.copies[dst_tier] = _new_copy(Copy, (dst, False))
         for tier in (Tier.L1, Tier.L2):
             pool = st.pools[tier]
             if not pool.deferred:
@@ -1333,7 +1338,13 @@ class LocalGPURuntime:
             stream.wait(transfer.event)
 
 
+def _pages_covering(tokens: list[int], page_size: int) -> int:
+    """Sum over `tokens` of the pages each length covers, ceil(t / page_size)."""
+    return sum(-(-t // page_size) for t in tokens)
+
+
 _new_object = object.__new__
+_new_copy = tuple.__new__  # `Copy(phys, filling)` without the NamedTuple's Python `__new__`
 _set_request = ItemResult.__dict__["request"].__set__
 _set_num_tokens = ItemResult.__dict__["num_tokens"].__set__
 _set_next_token = ItemResult.__dict__["next_token"].__set__
@@ -1345,7 +1356,7 @@ def _item_results(requests: list[RequestRuntimeHandle], ends: list[int], tokens:
     The values are the same frozen `ItemResult`s; building them column-wise skips the attrs
     `__init__` per item, which was a third of `execute_batch`'s per-item cost at B=256.
     """
-    results = [_new_object(ItemResult) for _ in requests]
+    results = list(map(_new_object, repeat(ItemResult, len(requests))))
     for set_field, values in ((_set_request, requests), (_set_num_tokens, ends), (_set_next_token, tokens)):
         for _ in map(set_field, results, values):
             pass

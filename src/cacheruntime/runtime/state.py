@@ -22,7 +22,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cacheruntime.protocol import BatchPlan, CopyState, Tier, TransferCompletion, TransferKind, TransferTicket
 
@@ -117,7 +117,7 @@ class Batch:
     starts: list[int] = field(default_factory=list)  # first position item i computes
     ends: list[int] = field(default_factory=list)  # reserved length after this batch
     start_tokens: list[int] = field(default_factory=list)  # reserved length before it (for cancel)
-    start_pages: list[int] = field(default_factory=list)  # row pages before it (for cancel)
+    requests: list[Any] = field(default_factory=list)  # item i's request handle (for its result)
     one_token: bool = False  # every item computes exactly one token (a decode step)
 
 

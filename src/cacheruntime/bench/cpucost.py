@@ -16,13 +16,12 @@ step for B = 1..256.
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any
 
 import torch
 
-from cacheruntime.bench.harness import GcClock, NullRunner, close_runtime, make_runtime, set_runner, to_device
+from cacheruntime.bench.harness import GcClock, NullRunner, close_runtime, make_runtime, set_runner, steady_gc, to_device
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan
 
@@ -82,12 +81,11 @@ def timed_step(rt: Any, plan: BatchPlan, split: dict[str, float]) -> None:
 def _mean_step(fn: Any, steps: int) -> tuple[float, float]:
     """Mean seconds per call of `fn` over `steps` calls, and the garbage collector's seconds per call in them.
 
-    The collector starts each window with nothing left over from the setup (`gc.collect()`
-    first, as benchmark harnesses do), so what it costs in the window is what the steps
+    The collector starts each window with nothing left over from the setup, and with the
+    setup's objects frozen (`steady_gc`), so what it costs in the window is what the steps
     themselves allocate.
     """
-    gc.collect()
-    with GcClock() as clock:
+    with steady_gc(), GcClock() as clock:
         t0 = time.perf_counter()
         for _ in range(steps):
             fn()

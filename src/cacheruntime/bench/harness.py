@@ -19,6 +19,7 @@ runtime's code:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 import statistics
@@ -101,6 +102,23 @@ class GcClock:
 
     def __exit__(self, *exc: Any) -> None:
         gc.callbacks.remove(self)
+
+
+@contextlib.contextmanager
+def steady_gc() -> Any:
+    """The garbage collector as a serving engine sets it after start-up: collected, then frozen.
+
+    Everything built before (the runtime's pools, the rows' pages, the model) moves to the
+    collector's permanent generation, as vLLM does with `gc.freeze()` after warm-up, so a
+    full collection in the timed steps scans only what those steps allocated. The
+    collector keeps running; it is unfrozen after.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def free_memory() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from cacheruntime.bench.decode import Decode, timed
-from cacheruntime.bench.harness import Clock, exposure, median
+from cacheruntime.bench.harness import Clock, exposure, median, steady_gc
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan, Close, Demote, Restore
 
@@ -122,12 +122,15 @@ def _mode(loop: OverlapLoop, steps: int, mode: str) -> dict[str, float]:
     runner.marks = [] if loop.d.device.type == "cuda" else None
     own, inner = mem.__dict__.get("restore"), mem.restore
     blocked = [0.0, 0]
+    issue_ms: list[float] = []
 
     def restore(src: list[int], dst: list[int]) -> None:  # host time spent issuing the restore
         t0 = time.perf_counter()
         inner(src, dst)
-        blocked[0] += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        blocked[0] += seconds
         blocked[1] += 1
+        issue_ms.append(round(seconds * 1e3, 3))
 
     mem.restore = restore
     try:
@@ -139,11 +142,12 @@ def _mode(loop: OverlapLoop, steps: int, mode: str) -> dict[str, float]:
             del mem.restore
         else:
             mem.restore = own
-    out = {"step_s": step, "blocked_s": blocked[0] / max(blocked[1], 1)}
+    out = {"step_s": step, "blocked_s": blocked[0] / max(blocked[1], 1), "issue_per_step_ms": issue_ms}
     if marks:
         waited, busy = exposure(marks[: steps + (0 if mode == "one-phase" else 1)])
         out["waited_s"] = statistics.mean(waited)
         out["compute_s"] = statistics.mean(busy)
+        out["waited_per_step_ms"] = [round(w * 1e3, 3) for w in waited]
     return out
 
 
@@ -178,10 +182,11 @@ def _measure(args: Any, device: torch.device, pages: int, rows: list[Row], guard
             with guard(SECTION, f"{path} pages={pages}"):
                 # the restore alone on the GPU (this path's routine, CUDA events on a side stream)
                 gpu_tx = median([Clock(device).gpu(lambda: mem.restore(src, dst)) for _ in range(args.reps + 1)][1:])
-                compute = _mode(loop, args.steps, "compute")
-                two = _mode(loop, args.steps, "two-phase")
-                one = _mode(loop, args.steps, "one-phase")
-                compute2 = _mode(loop, args.steps, "compute")
+                with steady_gc():
+                    compute = _mode(loop, args.steps, "compute")
+                    two = _mode(loop, args.steps, "two-phase")
+                    one = _mode(loop, args.steps, "one-phase")
+                    compute2 = _mode(loop, args.steps, "compute")
                 tc = (compute["step_s"] + compute2["step_s"]) / 2  # bracket the restore loops
                 tx = loop.transfer_alone(args.reps)
                 detail = {
@@ -214,6 +219,8 @@ def _measure(args: Any, device: torch.device, pages: int, rows: list[Row], guard
                         waited_two_phase_s=two["waited_s"],
                         waited_one_phase_s=one["waited_s"],
                         waited_compute_only_s=floor,
+                        waited_two_phase_per_step_ms=two["waited_per_step_ms"],
+                        restore_issue_two_phase_per_step_ms=two["issue_per_step_ms"],
                         transfer_fits_under_compute=gpu_tx < two["compute_s"],
                     )
                     fit = (gpu_tx / pages, compute["compute_s"])

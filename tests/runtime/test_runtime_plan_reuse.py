@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from runtimekit import PS, item, new_twin, plan
 
-from cacheruntime.protocol import BatchPlan, InvalidPlan, OutOfPages, StaleHandle
+from cacheruntime.protocol import BatchItem, BatchPlan, InvalidPlan, OutOfPages, StaleHandle
 
 
 @pytest.fixture
@@ -76,3 +76,25 @@ def test_items_shared_by_two_plans_keep_each_plans_intents_checked(twin):
     with pytest.raises(InvalidPlan):  # the same items with a duplicate: a different tuple, checked again
         twin.prepare_batch(BatchPlan(decode.items + decode.items))
     step(twin, decode)
+
+
+def test_a_reused_list_of_items_is_checked_again_after_it_changes(twin):
+    a, b = twin.open_request(), twin.open_request()
+    items = [item(a, 1)]
+    step(twin, BatchPlan(items))
+    items.append(item(b, 1))  # the same list object, one item more
+    done = step(twin, BatchPlan(items))
+    assert [r.request for r in done.items] == [a, b]
+    twin.close_request(b)
+    with pytest.raises(StaleHandle):
+        twin.prepare_batch(BatchPlan(items))
+
+
+def test_reused_input_ids_that_grow_in_place_are_counted_again(twin):
+    a = twin.open_request()
+    ids = [1]
+    decode = BatchPlan((BatchItem(a, ids),))
+    step(twin, decode)
+    ids.extend([2, 3])
+    step(twin, decode)
+    assert twin.runtime.probe().slots[a.slot_id].num_tokens == 4

@@ -253,8 +253,9 @@ class LocalGPURuntime:
         self._state: State = fresh_state(0, [0] * max_requests, believed, page_size, 1)
         self._operation, self._committed, self._to_launch = "", True, []
         self._journal: list[Callable[[], None]] | None = None
-        # Validated item handles of the last plan whose items only compute their inputs:
-        # (items tuple, state, `_slot_changes` then, slot ids, slot records, slot id set).
+        # Validated item handles of the last plan whose items only compute their inputs and
+        # are immutable (a tuple of items with tuples of input ids): (items tuple, state,
+        # `_slot_changes` then, slot ids, slot records, slot id set, lengths, requests).
         # A plan with the same items tuple, prepared while no slot opened or closed and the
         # epoch did not change, has the same handles in the same slots, so the checks would
         # give the same answer (control keeps one tuple for a running decode set).
@@ -373,7 +374,8 @@ class LocalGPURuntime:
                 raise InvalidPlan("a request appears twice in the plan")
             lengths = [len(item.input_ids) for item in items]
             requests = [item.request for item in items]
-            if not special:
+            if not special and type(items) is tuple and all(type(item.input_ids) is tuple for item in items):
+                # only an immutable plan: a list of items (or of input ids) could change in place
                 self._validated = (items, st, self._slot_changes, slots, rows, slot_set, lengths, requests)
         restoring: set[int] = set()
         for intent in intents:

@@ -99,10 +99,8 @@ class KVMemory:
                 # High priority: a chunk's scatter (gather) is a short kernel that must not
                 # queue behind compute's, or the restore it finishes is exposed after all.
                 self._scatter = torch.cuda.Stream(device, priority=-1)
-                self._on_scatter = on_stream(self._scatter)
                 # The backup's gather is background work: lowest priority, never ahead of compute.
                 self._gather = torch.cuda.Stream(device, priority=0)
-                self._on_gather = on_stream(self._gather)
                 self._in_free: list[Any] = [None, None]  # the scatter that last read stage_in[i]
                 self._out_free: list[Any] = [None, None]  # the D2H that last read stage_out[i]
 
@@ -190,7 +188,7 @@ class KVMemory:
                     offset += rows
             landed = main.record_event()
             scatter.wait_event(landed)
-            with self._on_scatter:
+            with on_stream(scatter):
                 lo = first * lanes
                 self.l1_rows.index_copy_(0, index[lo : lo + offset], buf[:offset])
             done = self._in_free[slot] = scatter.record_event()
@@ -222,7 +220,7 @@ class KVMemory:
             rows = len(chunk) * lanes
             if self._out_free[slot] is not None:
                 gather.wait_event(self._out_free[slot])
-            with self._on_gather:
+            with on_stream(gather):
                 lo = first * lanes
                 torch.index_select(self.l1_rows, 0, index[lo : lo + rows], out=buf[:rows])
             main.wait_event(gather.record_event())

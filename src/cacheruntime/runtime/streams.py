@@ -166,32 +166,31 @@ class on_stream:  # noqa: N801 (used like torch.cuda.stream, which it replaces)
     microseconds on an H200 host, measured by `bench/hostprof.py`), and the runtime switches
     streams a few times per batch and per transfer chunk. This sets and restores the
     current stream with the two calls that context manager ends in. Where torch lacks them,
-    or `s` is not on the current device, it is `torch.cuda.stream(s)` itself.
+    or `s` is not on the current device, it is `torch.cuda.stream(s)` itself. One object
+    per `with`: the stream it restores is the calling thread's.
     """
 
-    __slots__ = ("_stream", "_target", "_saved")
+    __slots__ = ("_stream", "_saved")
 
     def __init__(self, stream: torch.cuda.Stream):
         self._stream = stream
-        self._target = (stream.stream_id, stream.device_index, stream.device_type)
-        self._saved: list[Any] = []  # what each open `with` restores (a stream, or torch's context)
+        self._saved: Any = None  # the stream to restore, or torch's own context
 
     def __enter__(self) -> None:
-        index = self._target[1]
+        stream = self._stream
+        index = stream.device_index
         if _FAST_SWITCH and torch._C._cuda_getDevice() == index:
-            self._saved.append(torch._C._cuda_getCurrentStream(index))
-            _set_stream(*self._target)
+            self._saved = torch._C._cuda_getCurrentStream(index)
+            _set_stream(stream.stream_id, index, stream.device_type)
         else:
-            context = torch.cuda.stream(self._stream)
-            context.__enter__()
-            self._saved.append(context)
+            self._saved = torch.cuda.stream(stream)
+            self._saved.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        saved = self._saved.pop()
-        if isinstance(saved, tuple):
-            _set_stream(*saved)
+        if isinstance(self._saved, tuple):
+            _set_stream(*self._saved)
         else:
-            saved.__exit__(*exc)
+            self._saved.__exit__(*exc)
 
 
 def _set_stream(stream_id: int, device_index: int, device_type: int) -> None:
@@ -218,11 +217,10 @@ class CudaStream:
         self.name = name
         self.device = device
         self._stream = torch.cuda.Stream(device, priority=priority)
-        self._current = on_stream(self._stream)
 
     def submit(self, fn: Callable[[], Any]) -> Ready:
         """Run `fn` with this stream current, so every kernel it launches is queued here."""
-        with self._current:
+        with on_stream(self._stream):
             return Ready(fn())
 
     def record(self) -> torch.cuda.Event:
@@ -235,7 +233,7 @@ class CudaStream:
 
     def sleep(self, seconds: float) -> None:
         """Spin the stream for about `seconds` (`torch.cuda._sleep`), delaying later work on it."""
-        with self._current:
+        with on_stream(self._stream):
             torch.cuda._sleep(int(seconds * self._calibrate(self.device)))
 
     def synchronize(self) -> None:

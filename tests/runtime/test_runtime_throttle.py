@@ -15,13 +15,13 @@ import pytest
 from runtimekit import PS, Twin, item, plan
 from test_runtime_twin import random_walk
 
-from cacheruntime.protocol import Backup, BatchPlan, Demote, Restore, Tier
+from cacheruntime.protocol import Backup, BatchPlan, Demote, Restore, Tier, TransferKind
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
-from cacheruntime.runtime.local import LocalGPURuntime
+from cacheruntime.runtime.local import D2H_ISSUE_POINTS, LocalGPURuntime
 
 
-def throttled_twin(device: str) -> Twin:
-    return Twin(LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS, d2h_bytes_per_batch=1))
+def throttled_twin(device: str, d2h_issue: str = "after_compute") -> Twin:
+    return Twin(LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS, d2h_bytes_per_batch=1, d2h_issue=d2h_issue))
 
 
 @pytest.fixture
@@ -73,6 +73,8 @@ def test_unthrottled_issues_at_once(device):
     rt.close()
     with pytest.raises(ValueError):
         LocalGPURuntime(device=device, d2h_bytes_per_batch=0)
+    with pytest.raises(ValueError):
+        LocalGPURuntime(device=device, d2h_issue="before_prepare")
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -82,4 +84,26 @@ def test_random_walk_throttled_matches_model(seed, device):
     random_walk(t, random.Random(1000 + seed), 80)
     t.wait_completions()
     assert not t.runtime._d2h_queue
+    t.runtime.close()
+
+
+@pytest.mark.parametrize("d2h_issue", D2H_ISSUE_POINTS)
+def test_every_issue_point_issues_one_piece_per_batch_and_keeps_the_models_semantics(d2h_issue, device):
+    """Where `execute_batch` issues its piece changes only when the D2H runs: the pieces go one
+    per batch, and the backed-up pages, demoted and restored, read back the model's tags."""
+    t = throttled_twin(device, d2h_issue)
+    t.runtime.set_transfer_delay(0.005, TransferKind.BACKUP)
+    h, e = published(t, 4)
+    t.close_request(h)
+    t.submit((Backup(e),))  # one piece now, three queued
+    g = t.open_request()
+    for queued in (2, 1, 0):
+        t.execute_batch(t.prepare_batch(plan(item(g, 1))))
+        assert len(t.runtime._d2h_queue) == queued
+    t.wait_completions()
+    t.submit((Demote(e),))
+    r = t.open_request()
+    done = t.execute_batch(t.prepare_batch(plan(item(r, 1, attach=(e,)), intents=(Restore(e),))))
+    assert done.items[0].num_tokens == 4 * PS + 1
+    t.wait_completions()
     t.runtime.close()

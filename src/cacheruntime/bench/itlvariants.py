@@ -31,7 +31,6 @@ def main(path: str) -> None:
     variants += [(issue, 32 << 20, False) for issue in D2H_ISSUE_POINTS]
     out = {}
     for issue, budget, uva in variants:
-        paths: list[str] = []
         memory: list[Any] = []
 
         def setup(runtime: Any, uva: bool = uva) -> None:
@@ -40,10 +39,9 @@ def main(path: str) -> None:
                 runtime._memory.uva_max_run = 0.0  # every copy on the copy engines
 
         quiet, busy, detail = _measure(args, device, {"d2h_issue": issue, "d2h_bytes_per_batch": budget}, setup)
-        paths.append(memory[0].last_path)
         name = f"{issue}/{budget >> 20}MiB/{'uva' if uva else 'dma'}"
         out[name] = {
-            "last_copy_path": paths[0],
+            "last_copy_path": memory[0].last_path,
             "ratio": busy / quiet,
             "p50_ratio": detail["busy_p50_ms"] / detail["quiet_p50_ms"],
             "quiet_ms": quiet * 1e3,

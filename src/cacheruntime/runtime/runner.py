@@ -102,9 +102,6 @@ class ComputeBatch:
     def __iter__(self) -> Iterator[ComputeItem]:
         return map(ComputeItem, self.slots, self.starts, self.ends, self.token_ids, self.first_tags)
 
-    def __getitem__(self, index: int) -> ComputeItem:
-        return ComputeItem(self.slots[index], self.starts[index], self.ends[index], self.token_ids[index], self.first_tags[index])
-
 
 class TinyRunner:
     """A seeded random decoder over the paged KV pool, and its cache-free reference."""

@@ -118,6 +118,7 @@ class Batch:
     ends: list[int] = field(default_factory=list)  # reserved length after this batch
     start_tokens: list[int] = field(default_factory=list)  # reserved length before it (for cancel)
     requests: list[Any] = field(default_factory=list)  # item i's request handle (for its result)
+    rows: list[Slot] = field(default_factory=list)  # item i's slot record (slots live as long as the epoch)
     one_token: bool = False  # every item computes exactly one token (a decode step)
 
 

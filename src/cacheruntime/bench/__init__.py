@@ -66,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--context", type=int, help="context tokens per decoding request (1024)")
     g.add_argument("--restore-pages", type=int, help="pages restored per step in the overlap section (384)")
     g.add_argument("--overlap-ratios", type=_floats, help="further transfer/compute ratios for the overlap sweep (0.25,0.5)")
+    g.add_argument("--context-chunk", type=int, help="tokens the bench model's context read gathers at a time; 0: the whole context at once (2048)")
     g.add_argument("--writeback-pages", type=int, help="pages per background backup in the ITL section (64)")
     g.add_argument("--steps", type=int, help="decode steps per timed loop (30)")
     g.add_argument("--rounds", type=int, help="alternating quiet/write-back rounds (3)")
@@ -96,6 +97,7 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "restore_pages": (384, 384, 16, 4),
     "overlap_width_mult": (40, 40, 4, 2),
     "overlap_ratios": ([0.25, 0.5], [0.5], [0.5], []),
+    "context_chunk": (2048, 2048, 256, 64),
     "writeback_pages": (64, 64, 8, 4),
     "steps": (30, 10, 10, 4),
     "rounds": (3, 2, 2, 1),

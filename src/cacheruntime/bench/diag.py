@@ -6,7 +6,8 @@
 - a small D2H read (`tolist` of 16 values, as `execute_batch` reads outputs) while a 128 MiB
   backup runs, for the same piece sizes: the copy engine's head-of-line wait;
 - the GEMV step alone and with a 128 MiB backup per step (the ITL workload's pressure);
-- restore/backup of 512 MiB in scattered 1-page runs: DMA path vs the UVA gather kernel.
+- restore/backup of 512 MiB in scattered 1-page runs: DMA path vs the UVA gather kernel,
+  and (`run1_patterns`) both paths on several page lists, interleaved.
 """
 
 from __future__ import annotations
@@ -19,12 +20,58 @@ import time
 
 import torch
 
+from cacheruntime.bench.harness import scattered_runs
 from cacheruntime.runtime.pools import KVMemory, _uva_kernel
 
 
-def _mem(pages: int, dma_mib: int, uva: float = 0.0) -> KVMemory:
-    return KVMemory(device=torch.device("cuda"), l1_pages=2 * pages + 8, l2_pages=2 * pages + 8, page_size=16, layers=32, heads=8,
+def _mem(pages: int, dma_mib: int, uva: float = 0.0, pool: int | None = None) -> KVMemory:
+    pool = pool or 2 * pages + 8
+    return KVMemory(device=torch.device("cuda"), l1_pages=pool, l2_pages=pool, page_size=16, layers=32, heads=8,
                     head_dim=128, dtype=torch.bfloat16, dma_bytes=dma_mib << 20, uva_max_run=uva)
+
+
+def _run1_patterns(side: torch.cuda.Stream, pages: int = 256, rounds: int = 3) -> dict:
+    """512 MiB in 1-page runs through each path, for several page lists, interleaved in rounds.
+
+    On the pools of the transfer section at page size 16 (640 pages each): the transfer
+    section's own lists (`scattered_runs`: every other page, in random order), the same
+    pages in ascending order, random every-other host pages with random device pages, and
+    the bench's host pages with one contiguous run of device pages. Interleaving the
+    lists round by round separates the page list from drift of the machine.
+    """
+    pool = 2 * pages + 2 * 64
+    rng = random.Random(1)
+    bench_src = scattered_runs(list(range(pool)), 1, pages, rng)[:pages]
+    bench_dst = scattered_runs(list(range(pool)), 1, pages, rng)[:pages]
+    lists = {
+        "bench": (bench_src, bench_dst),
+        "bench_sorted": (sorted(bench_src), sorted(bench_dst)),
+        "random": (rng.sample(range(0, pool, 2), pages), rng.sample(range(pool), pages)),
+        "bench_host_contiguous_device": (bench_src, list(range(pages))),
+    }
+    times: dict[str, list[float]] = {}
+    paths: dict[str, str] = {}
+    for uva in (0.0, 2.0):
+        mem = _mem(pages, 128, uva, pool=pool)
+        for name, (src, dst) in lists.items():  # warm-up (the kernel's first launch compiles it)
+            mem.restore(src, dst)
+            mem.backup(dst, src)
+        torch.cuda.synchronize()
+        for _ in range(rounds):
+            for name, (src, dst) in lists.items():
+                key = f"{'uva' if uva else 'dma'} {name}"
+                r = [_timed_on(side, lambda: mem.restore(src, dst)) for _ in range(3)]
+                paths[f"{key} restore"] = mem.last_path
+                b = [_timed_on(side, lambda: mem.backup(dst, src)) for _ in range(3)]
+                paths[f"{key} backup"] = mem.last_path
+                torch.cuda.synchronize()
+                times.setdefault(f"{key} restore", []).extend(ms(e) for e in r)
+                times.setdefault(f"{key} backup", []).extend(ms(e) for e in b)
+        del mem
+        torch.cuda.empty_cache()
+    nbytes = pages * 2 * 2**20
+    return {key: {"path": paths[key], "median_GBps": round(nbytes / statistics.median(v) / 1e6, 2),
+                  "min_GBps": round(nbytes / max(v) / 1e6, 2), "max_GBps": round(nbytes / min(v) / 1e6, 2)} for key, v in times.items()}
 
 
 class Gemv:
@@ -55,6 +102,53 @@ def _timed_on(stream: torch.cuda.Stream, fn) -> tuple[torch.cuda.Event, torch.cu
 
 def ms(ev) -> float:
     return ev[0].elapsed_time(ev[1])
+
+
+def _run1_split(gemv: Gemv, pages: int = 256, reps: int = 5) -> dict:
+    """The transfer section's 1-page lists (page size 16, 512 MiB) moved by the UVA kernel and
+    the DMA path at once, each on its own stream, the first `share` of the pages by the
+    kernel: do the SM loads and the copy engines together fill the link better than either
+    alone? Each share is timed from an idle GPU ("idle": SM clocks as the transfer section
+    finds them) and right behind a GEMV step on the same stream ("busy": clocks raised).
+    """
+    pool = 2 * pages + 2 * 64
+    rng = random.Random(1)
+    src = scattered_runs(list(range(pool)), 1, pages, rng)[:pages]
+    dst = scattered_runs(list(range(pool)), 1, pages, rng)[:pages]
+    uva_mem, dma_mem = _mem(pages, 128, 2.0, pool=pool), _mem(pages, 128, 0.0, pool=pool)
+    dma_mem.l2.copy_(uva_mem.l2)  # not needed for timing; keeps the two pools alike
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    nbytes = pages * 2 * 2**20
+    out: dict = {}
+
+    def once(share: float, warm: bool, kind: str) -> float:
+        k = round(share * pages)
+        torch.cuda.synchronize()
+        start, end_a, end_b = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        with torch.cuda.stream(a):
+            if warm:
+                x = gemv.x
+                for w in gemv.w[:8]:
+                    x = torch.tanh((x @ w)[:, :4096])
+            start.record()
+            if k:
+                (uva_mem.restore if kind == "restore" else uva_mem.backup)(*((src[:k], dst[:k]) if kind == "restore" else (dst[:k], src[:k])))
+            end_a.record()
+        if k < pages:
+            b.wait_event(start)
+            with torch.cuda.stream(b):
+                (dma_mem.restore if kind == "restore" else dma_mem.backup)(*((src[k:], dst[k:]) if kind == "restore" else (dst[k:], src[k:])))
+                end_b.record()
+        torch.cuda.synchronize()
+        return max(start.elapsed_time(end_a), start.elapsed_time(end_b) if k < pages else 0.0)
+
+    for kind in ("restore", "backup"):
+        for share in (1.0, 0.0, 0.75, 0.5, 0.25):
+            once(share, True, kind)  # warm-up (compiles the kernel)
+            for warm in (False, True):
+                t = [once(share, warm, kind) for _ in range(reps)]
+                out[f"{kind} uva_share={share} {'busy' if warm else 'idle'}"] = round(nbytes / statistics.median(t) / 1e6, 2)
+    return out
 
 
 def main(path: str) -> None:
@@ -159,6 +253,8 @@ def main(path: str) -> None:
             out[f"run1_uva{uva}"] = {"error": repr(error)}
         del mem
         torch.cuda.empty_cache()
+    out["run1_patterns"] = _run1_patterns(side)
+    out["run1_split"] = _run1_split(gemv)
     json.dump(out, open(path, "w"), indent=1)
     print(json.dumps(out, indent=1))
 

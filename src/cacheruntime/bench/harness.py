@@ -121,6 +121,28 @@ def steady_gc() -> Any:
         gc.unfreeze()
 
 
+def allocator_counts(device: torch.device) -> dict[str, int]:
+    """The CUDA caching allocator's counters that show it mapping or unmapping device memory.
+
+    `device_mallocs` / `device_frees`: cudaMalloc / cudaFree calls it made; `alloc_retries`:
+    allocations that found no cached block and device memory full, so it freed its cache
+    (which synchronizes the device) and tried again. Empty on CPU.
+    """
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "device_mallocs": stats.get("num_device_alloc", 0),
+        "device_frees": stats.get("num_device_free", 0),
+        "alloc_retries": stats.get("num_alloc_retries", 0),
+    }
+
+
+def counts_since(before: dict[str, int], device: torch.device) -> dict[str, int]:
+    """`allocator_counts` now, less `before`."""
+    return {name: value - before[name] for name, value in allocator_counts(device).items()}
+
+
 def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -194,6 +216,14 @@ class BenchRunner:
     the table (the bytes attention reads); and `layers` weight matrices of
     `[hidden, hidden * width_mult]` are read once (a batched GEMV, the memory-bound part of
     decode). Without a context read (`read_context=False`) it is a prefill writer.
+
+    The context is gathered `context_chunk` tokens at a time into one buffer allocated
+    once, as an attention kernel streams KV through on-chip memory instead of
+    materializing it. Gathering the whole context at once (`context_chunk=0`) allocates a
+    block of ~2 GB that grows every step: the CUDA caching allocator cannot reuse the
+    previous step's block, so it maps a new one every step and, with device memory full,
+    frees its cache and retries. On an H200 that doubled the runtime's restore times for
+    runs of ~8 steps twice per 60 steps (docs/benchmarks.md, overlap).
     """
 
     tagged = False
@@ -210,9 +240,12 @@ class BenchRunner:
         dtype: torch.dtype,
         seed: int = 0,
         read_context: bool = True,
+        context_chunk: int = 2048,
     ):
         self.device = device
         self.read_context = read_context
+        self.context_chunk = context_chunk
+        self._chunk: torch.Tensor | None = None  # the gather buffer, [layers, 2, context_chunk, heads, head_dim]
         gen = torch.Generator(device=device).manual_seed(seed)
         layers, two, _, _, heads, head_dim = kv_shape
         self.hidden = hidden
@@ -262,11 +295,28 @@ class BenchRunner:
         score = torch.zeros((), device=self.device, dtype=torch.float32)
         if self.read_context:
             context = torch.cat([table[it.slot, : it.end] for it in items]).long()
-            score = kv.index_select(2, context).sum(dtype=torch.float32)
+            score = self._read(kv, context)
         x = self.x[: len(items)]
         for weight in self.weights:
             x = torch.tanh((x @ weight)[:, : self.hidden])
         return (x.float().sum(dim=1) + score).abs().long() % 1000
+
+    def _read(self, kv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """The sum of the KV at token locations `context`, read through fixed-size chunks."""
+        chunk = self.context_chunk
+        if chunk <= 0:
+            return kv.index_select(2, context).sum(dtype=torch.float32)
+        if self._chunk is None:
+            self._chunk = kv.new_empty(kv.shape[0], kv.shape[1], chunk, *kv.shape[3:])
+        count = context.numel()
+        padded = -(-count // chunk) * chunk
+        if padded != count:  # the last chunk re-reads its last token: the buffer keeps its size
+            context = torch.cat([context, context[-1:].expand(padded - count)])
+        score = torch.zeros((), device=kv.device, dtype=torch.float32)
+        for lo in range(0, padded, chunk):
+            torch.index_select(kv, 2, context[lo : lo + chunk], out=self._chunk)
+            score += self._chunk.sum(dtype=torch.float32)
+        return score
 
     def finish(self, outputs: list, items: list) -> list[int]:
         return [int(t) for t in outputs]
@@ -321,6 +371,7 @@ def bench_runner(args: Any, device: torch.device, runtime: Any, *, read_context:
         dtype=getattr(torch, args.dtype),
         seed=args.seed,
         read_context=read_context,
+        context_chunk=args.context_chunk,
     )
 
 

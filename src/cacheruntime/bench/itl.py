@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from cacheruntime.bench.decode import Decode, timed
-from cacheruntime.bench.harness import GcClock, steady_gc
+from cacheruntime.bench.harness import GcClock, allocator_counts, counts_since, steady_gc
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import Backup, BatchPlan, Drop
 
@@ -134,6 +134,7 @@ def _measure(args: Any, device: torch.device, options: dict[str, Any], setup: Ca
         quiet_split: dict[str, float] = {}
         busy_split: dict[str, float] = {}
         wb.moved = 0
+        before = allocator_counts(device)
         with steady_gc(), GcClock() as clock:
             for _ in range(args.rounds):
                 quiet += _compute_ms(d, args.steps, None, quiet_split, quiet_gpu)
@@ -152,6 +153,8 @@ def _measure(args: Any, device: torch.device, options: dict[str, Any], setup: Ca
             "busy_per_call_ms": {k: v / len(busy) * 1e3 for k, v in busy_split.items()},
             "gc_ms_in_window": sum(clock.seconds) * 1e3,
             "gc_collections_in_window": clock.count,
+            "allocator_in_window": counts_since(before, device),
+            "context_chunk": args.context_chunk,
         }
         if quiet_gpu and busy_gpu:
             detail.update(quiet_compute_gpu_ms=statistics.mean(quiet_gpu), busy_compute_gpu_ms=statistics.mean(busy_gpu))

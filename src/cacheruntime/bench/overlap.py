@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from cacheruntime.bench.decode import Decode, timed
-from cacheruntime.bench.harness import Clock, exposure, median, steady_gc
+from cacheruntime.bench.harness import Clock, allocator_counts, counts_since, exposure, median, steady_gc
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan, Close, Demote, Restore
 
@@ -117,22 +117,36 @@ class OverlapLoop:
 
 
 def _mode(loop: OverlapLoop, steps: int, mode: str) -> dict[str, float]:
-    """Step time, and on CUDA the compute stream's measured waits, of `steps` steps in `mode`."""
+    """Step time, and on CUDA the compute stream's measured waits, of `steps` steps in `mode`.
+
+    Also per restore: the host time issuing it and (CUDA) its GPU time, from events on the
+    stream it is issued on; and the caching allocator's counters over the loop.
+    """
+    device = loop.d.device
+    cuda = device.type == "cuda"
     runner, mem = loop.rt._runner, loop.rt._memory
-    runner.marks = [] if loop.d.device.type == "cuda" else None
+    runner.marks = [] if cuda else None
     own, inner = mem.__dict__.get("restore"), mem.restore
     blocked = [0.0, 0]
     issue_ms: list[float] = []
+    restore_events: list[tuple[Any, Any]] = []
 
     def restore(src: list[int], dst: list[int]) -> None:  # host time spent issuing the restore
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         t0 = time.perf_counter()
         inner(src, dst)
         seconds = time.perf_counter() - t0
+        if cuda:
+            end.record()
+            restore_events.append((start, end))
         blocked[0] += seconds
         blocked[1] += 1
         issue_ms.append(round(seconds * 1e3, 3))
 
     mem.restore = restore
+    before = allocator_counts(device)
     try:
         step = loop.run(steps, mode=mode)
         marks = runner.marks or []
@@ -142,7 +156,9 @@ def _mode(loop: OverlapLoop, steps: int, mode: str) -> dict[str, float]:
             del mem.restore
         else:
             mem.restore = own
-    out = {"step_s": step, "blocked_s": blocked[0] / max(blocked[1], 1), "issue_per_step_ms": issue_ms}
+    out = {"step_s": step, "blocked_s": blocked[0] / max(blocked[1], 1), "issue_per_step_ms": issue_ms, "allocator": counts_since(before, device)}
+    if restore_events:
+        out["restore_gpu_per_step_ms"] = [round(start.elapsed_time(end), 3) for start, end in restore_events]
     if marks:
         waited, busy = exposure(marks[: steps + (0 if mode == "one-phase" else 1)])
         out["waited_s"] = statistics.mean(waited)
@@ -221,6 +237,9 @@ def _measure(args: Any, device: torch.device, pages: int, rows: list[Row], guard
                         waited_compute_only_s=floor,
                         waited_two_phase_per_step_ms=two["waited_per_step_ms"],
                         restore_issue_two_phase_per_step_ms=two["issue_per_step_ms"],
+                        restore_gpu_two_phase_per_step_ms=two["restore_gpu_per_step_ms"],
+                        allocator_per_mode={"compute": compute["allocator"], "two_phase": two["allocator"], "one_phase": one["allocator"], "compute_again": compute2["allocator"]},
+                        context_chunk=args.context_chunk,
                         transfer_fits_under_compute=gpu_tx < two["compute_s"],
                     )
                     fit = (gpu_tx / pages, compute["compute_s"])

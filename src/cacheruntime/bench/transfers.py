@@ -98,7 +98,7 @@ def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, 
         fragment_free_list(rt, Tier.L2, run_len, pages, rng)
         return clock.wall(lambda: (rt.submit((Backup(extent),)), rt.wait_completions()))
 
-    def measure_protocol() -> tuple[float, float]:
+    def measure_protocol() -> tuple[list[float], list[float]]:
         restores = []
         for _ in range(args.reps + 1):
             restores.append(protocol_restore())
@@ -108,24 +108,28 @@ def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, 
         rt.wait_completions()
         backups = [protocol_backup() for _ in range(args.reps + 1)][1:]
         rt.submit((Demote(extent),))  # back to host-only for the next measurement
-        return median(restores), median(backups)
+        return restores, backups
 
     # Physical page lists for the data-path timings, scattered the same way.
     src_l2 = scattered_runs(list(range(mem.l2.shape[0])), run_len, pages, rng)[:pages]
     dst_l1 = scattered_runs(list(range(mem.l1.shape[2])), run_len, pages, rng)[:pages]
 
-    def measure_data_path(restore, backup) -> tuple[float, float]:
+    copy_paths: dict[str, str] = {}  # which copy routine the data path took: "uva" or "dma"
+
+    def measure_data_path(restore, backup) -> tuple[list[float], list[float]]:
         r = [clock.gpu(lambda: restore(src_l2, dst_l1)) for _ in range(args.reps + 1)][1:]
+        copy_paths["restore"] = mem.last_path
         b = [clock.gpu(lambda: backup(dst_l1, src_l2)) for _ in range(args.reps + 1)][1:]
-        return median(r), median(b)
+        copy_paths["backup"] = mem.last_path
+        return r, b
 
     label = f"ps={page_size} run={run_len}"
     detail = {"page_size": page_size, "run": run_len, "pages": pages, "bytes": nbytes, "page_bytes": mem.page_bytes}
     gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
     b_h2d, b_d2h = gbps(base_h2d), gbps(base_d2h)
 
-    def add(kind: str, what: str, seconds: float) -> None:
-        restore = kind == "restore"
+    def add(kind: str, what: str, reps: list[float]) -> None:
+        restore, seconds = kind == "restore", median(reps)
         rows.append(
             Row(
                 SECTION,
@@ -137,7 +141,7 @@ def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, 
                 "ratio",
                 ">=",
                 0.90,
-                dict(detail, path=what, seconds=seconds),
+                dict(detail, path=what, seconds=seconds, seconds_per_rep=reps, data_path_copy_routine=copy_paths[kind]),
             )
         )
 

@@ -7,7 +7,9 @@
   backup runs, for the same piece sizes: the copy engine's head-of-line wait;
 - the GEMV step alone and with a 128 MiB backup per step (the ITL workload's pressure);
 - restore/backup of 512 MiB in scattered 1-page runs: DMA path vs the UVA gather kernel,
-  and (`run1_patterns`) both paths on several page lists, interleaved.
+  and (`run1_patterns`) both paths on several page lists, interleaved; (`run1_split`) the
+  kernel and the DMA path sharing one transfer, from an idle GPU and behind compute;
+- (`chunk_sizes`) the DMA path's staging chunk size against the pinned copy baseline.
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ def ms(ev) -> float:
     return ev[0].elapsed_time(ev[1])
 
 
+def _synced_ms(ev) -> float:
+    ev[1].synchronize()
+    return ms(ev)
+
+
 def _run1_split(gemv: Gemv, pages: int = 256, reps: int = 5) -> dict:
     """The transfer section's 1-page lists (page size 16, 512 MiB) moved by the UVA kernel and
     the DMA path at once, each on its own stream, the first `share` of the pages by the
@@ -148,6 +155,46 @@ def _run1_split(gemv: Gemv, pages: int = 256, reps: int = 5) -> dict:
             for warm in (False, True):
                 t = [once(share, warm, kind) for _ in range(reps)]
                 out[f"{kind} uva_share={share} {'busy' if warm else 'idle'}"] = round(nbytes / statistics.median(t) / 1e6, 2)
+    return out
+
+
+def _chunk_sizes(side: torch.cuda.Stream, pages: int = 256) -> dict:
+    """The DMA path's staging chunk (128, 64, 32 MiB) for 512 MiB in runs of 1, 8 and 64 pages
+    (the transfer section's lists at page size 16), from an idle GPU: a chunk's scatter
+    (gather) runs on SMs, and the last (first) one is not hidden behind a copy."""
+    pool = 2 * pages + 2 * 64
+    nbytes = pages * 2 * 2**20
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    out: dict = {}
+    for kind, call in (("h2d", lambda: dev.copy_(host, non_blocking=True)), ("d2h", lambda: host.copy_(dev, non_blocking=True))):
+        call()
+        t = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            time.sleep(0.002)
+            t.append(_synced_ms(_timed_on(side, call)))
+        out[f"pinned copy_ {kind}"] = round(nbytes / statistics.median(t) / 1e6, 2)
+    del host, dev
+    for chunk_mib in (128, 64, 32):
+        mem = KVMemory(device=torch.device("cuda"), l1_pages=pool, l2_pages=pool, page_size=16, layers=32, heads=8, head_dim=128,
+                       dtype=torch.bfloat16, chunk_bytes=chunk_mib << 20, uva_max_run=0.0)
+        for run in (1, 8, 64):
+            rng = random.Random(run)
+            src = scattered_runs(list(range(pool)), run, pages, rng)[:pages]
+            dst = scattered_runs(list(range(pool)), run, pages, rng)[:pages]
+            mem.restore(src, dst)
+            mem.backup(dst, src)
+            times: dict[str, list[float]] = {"restore": [], "backup": []}
+            for _ in range(5):
+                for kind, call in (("restore", lambda: mem.restore(src, dst)), ("backup", lambda: mem.backup(dst, src))):
+                    torch.cuda.synchronize()
+                    time.sleep(0.002)  # let the GPU idle, as between the transfer section's repetitions
+                    times[kind].append(_synced_ms(_timed_on(side, call)))
+            for kind, t in times.items():
+                out[f"{kind} run={run} chunk={chunk_mib}MiB"] = round(nbytes / statistics.median(t) / 1e6, 2)
+        del mem
+        torch.cuda.empty_cache()
     return out
 
 
@@ -255,6 +302,7 @@ def main(path: str) -> None:
         torch.cuda.empty_cache()
     out["run1_patterns"] = _run1_patterns(side)
     out["run1_split"] = _run1_split(gemv)
+    out["chunk_sizes"] = _chunk_sizes(side)
     json.dump(out, open(path, "w"), indent=1)
     print(json.dumps(out, indent=1))
 

@@ -6,6 +6,7 @@ skipped here, because the hardware is missing, not because the work is.
 
 import pytest
 import torch
+from runtimekit import new_twin
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -23,3 +24,11 @@ def pytest_collection_modifyitems(config, items):
 def device(request) -> str:
     """Each test that takes `device` runs on CPU and (marked `cuda`) on CUDA."""
     return request.param
+
+
+@pytest.fixture
+def twin(device):
+    """The runtime and the reference model driven by the same calls (`runtimekit.Twin`)."""
+    t = new_twin(device)
+    yield t
+    t.runtime.close()

@@ -136,3 +136,8 @@ class Twin:
 
 def new_twin(device: str = "cpu") -> Twin:
     return Twin(conformance(device))
+
+
+def step(t: Twin, p: BatchPlan):
+    """Prepare and execute `p` on both sides."""
+    return t.execute_batch(t.prepare_batch(p))

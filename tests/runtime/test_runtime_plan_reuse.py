@@ -9,20 +9,9 @@ same calls (`Twin`), so a remembered check that should have failed shows as a di
 from __future__ import annotations
 
 import pytest
-from runtimekit import PS, item, new_twin, plan
+from runtimekit import PS, item, plan, step
 
 from cacheruntime.protocol import BatchItem, BatchPlan, InvalidPlan, OutOfPages, StaleHandle
-
-
-@pytest.fixture
-def twin(device):
-    t = new_twin(device)
-    yield t
-    t.runtime.close()
-
-
-def step(t, p):
-    return t.execute_batch(t.prepare_batch(p))
 
 
 def test_a_reused_plan_decodes_step_after_step(twin):

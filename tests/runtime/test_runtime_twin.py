@@ -33,13 +33,6 @@ from cacheruntime.protocol import (
 DELAY = 0.05
 
 
-@pytest.fixture
-def twin(device):
-    t = new_twin(device)
-    yield t
-    t.runtime.close()
-
-
 def compute(t: Twin, request, n=1, **kw):
     return t.execute_batch(t.prepare_batch(plan(item(request, n, **kw))))
 

@@ -109,7 +109,12 @@ from cacheruntime.runtime.streams import Event, Result, Stream, make_stream, to_
 #: Where `execute_batch` issues the D2H throttle's piece: launched right after the batch's
 #: compute, so that it runs under it ("under_compute"); after the compute's event, so that it
 #: starts when the compute ends ("after_compute"); or once the batch's outputs are on the
-#: host ("after_outputs"). Only the timing differs; `bench.itlvariants` measures them.
+#: host ("after_outputs"). Only the timing differs; `bench.itlvariants` measures them. The
+#: default is "under_compute": on an H200 its write-back cost the decode step 0.5-1.8%
+#: against 3.5-4.9% after compute and 4.7-7.3% after the outputs (two runs each, same call;
+#: docs/benchmarks.md). Under compute, the piece is issued while the host waits for the
+#: outputs anyway and is copied before they are read; after compute, the output read can
+#: queue behind it on the copy engine; after the outputs, its issue adds to the step.
 D2H_ISSUE_POINTS = ("under_compute", "after_compute", "after_outputs")
 
 
@@ -195,7 +200,7 @@ class LocalGPURuntime:
         config: DecoderConfig | None = None,
         seed: int = 0,
         d2h_bytes_per_batch: int | None = 32 << 20,
-        d2h_issue: str = "after_compute",
+        d2h_issue: str = "under_compute",
     ):
         if d2h_bytes_per_batch is not None and d2h_bytes_per_batch < 1:
             raise ValueError("d2h_bytes_per_batch must be positive (or None: no throttle)")
@@ -255,14 +260,17 @@ class LocalGPURuntime:
         self._journal: list[Callable[[], None]] | None = None
         # Validated item handles of the last plan whose items only compute their inputs and
         # are immutable (a tuple of items with tuples of input ids): (items tuple, state,
-        # `_slot_changes` then, slot ids, slot records, slot id set, lengths, requests).
+        # `_slot_changes` then, slot ids, slot records, slot id set, lengths, requests,
+        # whether every item has one input id).
         # A plan with the same items tuple, prepared while no slot opened or closed and the
         # epoch did not change, has the same handles in the same slots, so the checks would
         # give the same answer (control keeps one tuple for a running decode set).
         self._slot_changes = 0  # grows whenever a slot's generation or liveness changes
         self._validated: tuple | None = None
         self._no_versions = array("q", [0] * page_size)  # a new page's versions (copied)
-        self._slot_sets: dict[tuple[int, ...], tuple[int, ...]] = {}  # interned slot tuples of finished batches
+        # Finished batches' sorted slot tuples, interned and keyed by slot set: a reused plan's
+        # batches share one frozenset, whose hash is cached, so a step neither sorts nor hashes its slots.
+        self._slot_sets: dict[frozenset[int], tuple[int, ...]] = {}
 
     # ---------------------------------------------------------------------------------
     # Info, test knobs, reference compute
@@ -361,7 +369,7 @@ class LocalGPURuntime:
         intents = plan.intents
         known = self._validated
         if known is not None and known[0] is items and known[1] is st and known[2] == self._slot_changes:
-            slots, rows, slot_set, lengths, requests = known[3:]
+            slots, rows, slot_set, lengths, requests, single_inputs = known[3:]
             special = False
             for intent in intents:
                 self._check_intent_handles(intent)
@@ -374,9 +382,10 @@ class LocalGPURuntime:
                 raise InvalidPlan("a request appears twice in the plan")
             lengths = [len(item.input_ids) for item in items]
             requests = [item.request for item in items]
+            single_inputs = lengths.count(1) == len(lengths)
             if not special and type(items) is tuple and all(type(item.input_ids) is tuple for item in items):
                 # only an immutable plan: a list of items (or of input ids) could change in place
-                self._validated = (items, st, self._slot_changes, slots, rows, slot_set, lengths, requests)
+                self._validated = (items, st, self._slot_changes, slots, rows, slot_set, lengths, requests, single_inputs)
         restoring: set[int] = set()
         for intent in intents:
             if isinstance(intent, Restore):
@@ -385,14 +394,24 @@ class LocalGPURuntime:
         l1 = Tier.L1
         start_tokens = [slot.reserved_tokens for slot in rows]
         ends = list(map(operator.add, start_tokens, lengths))
-        if not special and min(lengths) >= 1 and max(ends) <= max_tokens:
+        # A decode step's offset of each item's new token in its page, and how many are 0
+        # (the rows that need a new page); None for other plans.
+        offsets: list[int] | None = None
+        opened = 0
+        if not special and (single_inputs or min(lengths) >= 1) and max(ends) <= max_tokens:
             # Items that only compute their inputs (decode and plain prefill): every check
             # of `_check_items` passes, and each item starts where its row's reservation
             # ends. A row holds exactly the pages its reservation covers, so the pages
-            # needed are the pages the new reservations cover less those held.
+            # needed are the pages the new reservations cover less those held: for one
+            # token each, one page per row whose reservation fills whole pages.
             starts = start_tokens
-            one_token = lengths.count(1) == len(lengths)
-            need = len(restoring) + _pages_covering(ends, ps) - _pages_covering(start_tokens, ps)
+            one_token = single_inputs
+            if one_token:
+                offsets = [start % ps for start in start_tokens]
+                opened = offsets.count(0)
+                need = len(restoring) + opened
+            else:
+                need = len(restoring) + _pages_covering(ends, ps) - _pages_covering(start_tokens, ps)
         else:
             starts, ends, need, one_token = self._check_items(slots, rows, items, start_tokens, restoring)
         self._require_free(l1, need)
@@ -403,33 +422,48 @@ class LocalGPURuntime:
         map_slots: list[int] = []
         map_index: list[int] = []
         map_phys: list[int] = []
-        new_page = self._new_page_phys
-        for slot_id, slot, item, end in zip(slots, rows, items, ends):
-            slot.reserved_tokens = end
-            slot.produced += 1
-            if special and item.append_previous_output:
-                slot.appended += 1
-            row = slot.pages
-            if end <= len(row) * ps:  # a decode step inside its page: nothing to map
-                continue
-            if special and item.attach:
-                first = len(row)
-                for extent in item.attach:
-                    for page in extents[extent.generation].pages:
-                        pages[page].holders += 1
-                        row.append(page)
-                for index in range(first, len(row)):
-                    map_slots.append(slot_id)
-                    map_index.append(index)
-                    map_phys.append(pages[row[index]].copies[l1].phys)
-            grow = -(-end // ps) - len(row)
-            while grow > 0:  # a decode step crosses into a new page once every page_size steps
-                name, phys = new_page()
-                map_slots.append(slot_id)
-                map_index.append(len(row))
-                map_phys.append(phys)
-                row.append(name)
-                grow -= 1
+        if offsets is not None:
+            # A decode step: every reservation grows by one token, and only the rows whose
+            # new token opens a page (offset 0, found by `list.index` in C) get one, in
+            # plan order, so the allocator hands out the same pages as item by item.
+            for slot, end in zip(rows, ends):
+                slot.reserved_tokens = end
+                slot.produced += 1
+            if opened:
+                names, map_phys = self._new_pages(opened)
+                position = -1
+                for name in names:
+                    position = offsets.index(0, position + 1)
+                    row = rows[position].pages
+                    map_slots.append(slots[position])
+                    map_index.append(len(row))
+                    row.append(name)
+        else:
+            for slot_id, slot, item, end in zip(slots, rows, items, ends):
+                slot.reserved_tokens = end
+                slot.produced += 1
+                if special and item.append_previous_output:
+                    slot.appended += 1
+                row = slot.pages
+                if end <= len(row) * ps:  # the row's pages hold the new tokens: nothing to map
+                    continue
+                if special and item.attach:
+                    first = len(row)
+                    for extent in item.attach:
+                        for page in extents[extent.generation].pages:
+                            pages[page].holders += 1
+                            row.append(page)
+                    for index in range(first, len(row)):
+                        map_slots.append(slot_id)
+                        map_index.append(index)
+                        map_phys.append(pages[row[index]].copies[l1].phys)
+                grow = -(-end // ps) - len(row)
+                if grow > 0:
+                    names, phys = self._new_pages(grow)
+                    map_slots += [slot_id] * grow
+                    map_index += range(len(row), len(row) + grow)
+                    map_phys += phys
+                    row += names
         batch_id = st.next_batch
         st.batches[batch_id] = Batch(plan, "prepared", slot_set, slots, starts, ends, start_tokens, requests, rows, one_token)
         st.next_batch += 1
@@ -508,14 +542,13 @@ class LocalGPURuntime:
                     restoring = self._restoring_pages()
         if record.one_token and undo is None:  # decode steps: one token per item, nothing to journal
             first_tags: range | list[int] = range(version, version + len(rows))
-            for slot, start, tag in zip(rows, starts, first_tags):
+            for slot, start, end, tag in zip(rows, starts, ends, first_tags):
                 page = pages[slot.pages[start // ps]]
                 offset = start % ps
                 page.versions[offset] = tag
                 believed[page.copies[l1].phys * ps + offset] = tag
-            version += len(rows)
-            for slot, end in zip(rows, ends):
                 slot.num_tokens = end
+            version += len(rows)
         else:
             first_tags = []
             for slot, start, end in zip(rows, starts, ends):
@@ -804,8 +837,11 @@ class LocalGPURuntime:
         """The batch is executed or cancelled: keep only its outcome (state and slots)."""
         st = self._state
         record = st.batches.pop(batch_id)
-        slots = tuple(sorted(record.slot_set))
-        st.finished[batch_id] = (state, self._slot_sets.setdefault(slots, slots))
+        slot_set = record.slot_set
+        slots = self._slot_sets.get(slot_set)
+        if slots is None:
+            slots = self._slot_sets[slot_set] = tuple(sorted(slot_set))
+        st.finished[batch_id] = (state, slots)
         self._undo(functools.partial(_unfinish, st, batch_id, record))
 
     # ---------------------------------------------------------------------------------
@@ -964,17 +1000,23 @@ class LocalGPURuntime:
             self._journal.append(functools.partial(free.extendleft, taken[::-1]))
         return taken
 
-    def _new_page(self) -> int:
-        return self._new_page_phys()[0]
+    def _new_pages(self, count: int) -> tuple[range, list[int]]:
+        """`count` new page names, each with one holder and a valid device copy: (names, their device pages).
 
-    def _new_page_phys(self) -> tuple[int, int]:
-        """A new page name with one holder and a valid device copy: (name, its device page)."""
+        The device pages come off the free list in one take, in the order the names are
+        given, so a step that opens many pages pays one allocator call.
+        """
         st = self._state
-        name, st.next_page = st.next_page, st.next_page + 1
-        phys = self._take_phys(Tier.L1, 1)[0]
-        st.pages[name] = Page(1, self._no_versions[:], {Tier.L1: _new_copy(Copy, (phys, False))})
-        self._undo(functools.partial(_forget_page, st, name))
-        return name, phys
+        first = st.next_page
+        phys = self._take_phys(Tier.L1, count)
+        names = range(first, first + count)
+        st.next_page = first + count
+        pages, no_versions, l1 = st.pages, self._no_versions, Tier.L1
+        for name, location in zip(names, phys):
+            pages[name] = Page(1, no_versions[:], {l1: _new_copy(Copy, (location, False))})
+        if self._journal is not None:
+            self._journal.append(functools.partial(_forget_pages, st, names))
+        return names, phys
 
     def _transfers_on(self, tier: Tier, phys: int) -> set[int]:
         """Transfers not yet retired that read or write physical page `phys` of `tier`."""
@@ -1349,6 +1391,7 @@ _new_copy = tuple.__new__  # `Copy(phys, filling)` without the NamedTuple's Pyth
 _set_request = ItemResult.__dict__["request"].__set__
 _set_num_tokens = ItemResult.__dict__["num_tokens"].__set__
 _set_next_token = ItemResult.__dict__["next_token"].__set__
+_exhaust = deque(maxlen=0).extend  # runs an iterator to its end in C, keeping nothing
 
 
 def _item_results(requests: list[RequestRuntimeHandle], ends: list[int], tokens: list[int]) -> tuple[ItemResult, ...]:
@@ -1357,11 +1400,10 @@ def _item_results(requests: list[RequestRuntimeHandle], ends: list[int], tokens:
     The values are the same frozen `ItemResult`s; building them column-wise skips the attrs
     `__init__` per item, which was a third of `execute_batch`'s per-item cost at B=256.
     """
-    results = list(map(_new_object, repeat(ItemResult, len(requests))))
+    results = tuple(map(_new_object, repeat(ItemResult, len(requests))))
     for set_field, values in ((_set_request, requests), (_set_num_tokens, ends), (_set_next_token, tokens)):
-        for _ in map(set_field, results, values):
-            pass
-    return tuple(results)
+        _exhaust(map(set_field, results, values))
+    return results
 
 
 class _Piece(NamedTuple):
@@ -1420,9 +1462,10 @@ def _drop_holder_count(page: Page) -> None:
     page.holders -= 1
 
 
-def _forget_page(state: State, name: int) -> None:
-    del state.pages[name]
-    state.next_page = name
+def _forget_pages(state: State, names: range) -> None:
+    for name in names:
+        del state.pages[name]
+    state.next_page = names.start
 
 
 def _forget_extent(state: State, generation: int) -> None:

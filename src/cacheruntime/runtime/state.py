@@ -27,9 +27,13 @@ from typing import Any, NamedTuple
 from cacheruntime.protocol import BatchPlan, CopyState, Tier, TransferCompletion, TransferKind, TransferTicket
 
 
-@dataclass
+@dataclass(slots=True)
 class Slot:
-    """A request slot: its row's page names, lengths, and the outputs made and fed back."""
+    """A request slot: its row's page names, lengths, and the outputs made and fed back.
+
+    Slotted, as `Page`: a decode step reads and writes a few fields of every item's slot
+    and page, and slot attributes are cheaper to reach than instance dictionaries.
+    """
 
     generation: int = 0
     live: bool = False
@@ -57,7 +61,7 @@ class Copy(NamedTuple):
         return CopyState.FILLING if self.filling else CopyState.VALID
 
 
-@dataclass
+@dataclass(slots=True)
 class Page:
     """A page name: holders (rows and extents), last-written version tags, its copies.
 

@@ -12,6 +12,9 @@ crosses a page boundary, the B new token locations computed on the host and writ
 the device table with one indexed store, plus the same null model step. Reference
 point measured on CPU: SGLang 0.5.23's alloc_decode + ReqToToken write costs 67-71 us per
 step for B = 1..256.
+
+Both sides run the same number of steps, in blocks that alternate between them
+(`alternating`), so a drift of the host's speed during the run weighs on both alike.
 """
 
 from __future__ import annotations
@@ -93,6 +96,28 @@ def _mean_step(fn: Any, steps: int) -> tuple[float, float]:
     return seconds / steps, sum(clock.seconds) / steps
 
 
+#: The timed steps of each side are split into this many blocks, the two sides' blocks
+#: alternating: the host's speed drifts within a run (on the H200's host the baseline alone
+#: moved by half between two processes), and alternation puts both sides in the same windows.
+BLOCKS = 6
+
+
+def alternating(sides: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
+    """Per side: mean seconds per step, collector seconds per step, and each block's mean,
+    over `steps` steps run in `BLOCKS` blocks alternating between the sides."""
+    blocks = max(1, min(BLOCKS, steps))
+    sizes = [steps // blocks + (1 if i < steps % blocks else 0) for i in range(blocks)]
+    out = {name: {"seconds": 0.0, "gc_seconds": 0.0, "block_means": []} for name in sides}
+    for size in sizes:
+        for name, fn in sides.items():
+            mean, gc_mean = _mean_step(fn, size)
+            side = out[name]
+            side["seconds"] += mean * size / steps
+            side["gc_seconds"] += gc_mean * size / steps
+            side["block_means"].append(mean)
+    return out
+
+
 def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
     ps = args.cpu_page_size
     total = args.cpu_context + args.cpu_warmup + args.cpu_steps
@@ -113,15 +138,14 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                 def boundary_step() -> None:
                     timed_step(rt, plan, split)
 
-                for _ in range(args.cpu_warmup):
-                    boundary_step()
-                split = dict.fromkeys(split, 0.0)
-                boundary, boundary_gc = _mean_step(boundary_step, args.cpu_steps)
                 direct_pools = DirectPools(device, batch, ps, pages, max_tokens)
                 direct_pools.prefill(args.cpu_context)
                 for _ in range(args.cpu_warmup):
+                    boundary_step()
                     direct_pools.step()
-                direct, direct_gc = _mean_step(direct_pools.step, args.cpu_steps)
+                split = dict.fromkeys(split, 0.0)
+                timed = alternating({"boundary": boundary_step, "in_process": direct_pools.step}, args.cpu_steps)
+                boundary, direct = timed["boundary"]["seconds"], timed["in_process"]["seconds"]
                 rows.append(
                     Row(
                         SECTION,
@@ -139,7 +163,8 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                             "steps": args.cpu_steps,
                             "context": args.cpu_context,
                             "per_call_us": {k: v / args.cpu_steps * 1e6 for k, v in split.items()},
-                            "gc_us_per_step": {"boundary": boundary_gc * 1e6, "in_process": direct_gc * 1e6},
+                            "gc_us_per_step": {name: side["gc_seconds"] * 1e6 for name, side in timed.items()},
+                            "block_means_us": {name: [round(m * 1e6, 2) for m in side["block_means"]] for name, side in timed.items()},
                             "reference_sglang_0_5_23_us": "67-71 (alloc_decode + ReqToToken write, CPU)",
                         },
                     )

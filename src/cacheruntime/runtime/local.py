@@ -700,14 +700,22 @@ class LocalGPURuntime:
 
     @operation(journal=False)
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
-        """Block until every transfer has finished, retire them all, report as poll does."""
+        """Block until every transfer has finished, retire them all, report as poll does.
+
+        The retire bookkeeping (per page: its tags and its copy made valid) runs before the
+        host blocks on the copies' events, so on CUDA it overlaps the copies' tail instead
+        of following it. Nothing can observe the state in between, and the completions are
+        handed over only once every event is done.
+        """
         st = self._state
         self._pump_d2h()  # everything queued, now
-        for t in sorted(st.transfers):
-            self._launched[t].event.synchronize()
-            self._launched[t].result.result()  # a copy that raised surfaces here
+        pending = [self._launched[t] for t in sorted(st.transfers)]
+        for launched in pending:
+            launched.result.result()  # a copy that raised surfaces here, before anything changes
         while st.transfers:
             self._retire(next(t for t in sorted(st.transfers) if not st.transfers[t].waits_for & st.transfers.keys()))
+        for launched in pending:
+            launched.event.synchronize()
         return self._report()
 
     def _report(self) -> tuple[TransferCompletion, ...]:

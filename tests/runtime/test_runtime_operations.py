@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from runtimekit import PS, fails, item, plan
+from runtimekit import PS, comparable, fails, item, plan
 
 from cacheruntime.invariants import B2_plain_values, check_state
 from cacheruntime.protocol import (
@@ -41,6 +41,7 @@ from cacheruntime.protocol import (
     WouldLoseData,
 )
 from cacheruntime.runtime.factories import conformance, local
+from cacheruntime.runtime.local import Launched
 
 
 @pytest.fixture
@@ -264,4 +265,32 @@ def test_failing_intent_at_execute_runs_no_compute(rt):
     assert state.slots[g.slot_id].num_tokens == 0
     assert all(v == 0 for p in state.pages if p.page in state.slots[g.slot_id].pages for v in p.versions)
     rt.cancel_batch(batch)
+    check_state(rt.probe())
+
+
+class _EventThatFails:
+    """A copy's event whose wait fails: a CUDA copy error surfaces there, as does an interrupt."""
+
+    def query(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        raise KeyboardInterrupt("interrupted while blocking on a copy")
+
+
+def test_wait_completions_failing_while_blocking_retires_nothing(rt):
+    """wait_completions retires before it blocks; if blocking fails, the retires are undone."""
+    _, e = published(rt)
+    (ticket,) = rt.submit((Backup(e),))
+    rt._pump_d2h()  # issue the whole backup now, so that it has its event
+    launched = rt._launched[ticket.transfer_id]
+    rt._launched[ticket.transfer_id] = Launched(_EventThatFails(), launched.result)
+    before = rt.probe()
+    with pytest.raises(KeyboardInterrupt):
+        rt.wait_completions()
+    after = rt.probe()
+    assert comparable(after) == comparable(before)
+    assert [t.transfer_id for t in after.transfers] == [ticket.transfer_id]
+    rt._launched[ticket.transfer_id] = launched
+    assert [c.ticket for c in rt.wait_completions()] == [ticket]
     check_state(rt.probe())

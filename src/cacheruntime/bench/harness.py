@@ -245,7 +245,7 @@ class BenchRunner:
         self.device = device
         self.read_context = read_context
         self.context_chunk = context_chunk
-        self._chunk: torch.Tensor | None = None  # the gather buffer, [layers, 2, context_chunk, heads, head_dim]
+        self._chunk: torch.Tensor | None = None  # the gather buffer: layers * 2 * context_chunk * heads * head_dim values
         gen = torch.Generator(device=device).manual_seed(seed)
         layers, two, _, _, heads, head_dim = kv_shape
         self.hidden = hidden
@@ -302,20 +302,25 @@ class BenchRunner:
         return (x.float().sum(dim=1) + score).abs().long() % 1000
 
     def _read(self, kv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """The sum of the KV at token locations `context`, read through fixed-size chunks."""
+        """The sum of the KV at token locations `context`, read `context_chunk` tokens at a time.
+
+        Each chunk is gathered into a prefix of one buffer allocated once (the last chunk
+        into a shorter prefix), so every step reads exactly its context's bytes and
+        allocates nothing large.
+        """
         chunk = self.context_chunk
         if chunk <= 0:
             return kv.index_select(2, context).sum(dtype=torch.float32)
+        layers, two, _, heads, head_dim = kv.shape
         if self._chunk is None:
-            self._chunk = kv.new_empty(kv.shape[0], kv.shape[1], chunk, *kv.shape[3:])
-        count = context.numel()
-        padded = -(-count // chunk) * chunk
-        if padded != count:  # the last chunk re-reads its last token: the buffer keeps its size
-            context = torch.cat([context, context[-1:].expand(padded - count)])
+            self._chunk = kv.new_empty(layers * two * chunk * heads * head_dim)
         score = torch.zeros((), device=kv.device, dtype=torch.float32)
-        for lo in range(0, padded, chunk):
-            torch.index_select(kv, 2, context[lo : lo + chunk], out=self._chunk)
-            score += self._chunk.sum(dtype=torch.float32)
+        count = context.numel()
+        for lo in range(0, count, chunk):
+            n = min(chunk, count - lo)
+            out = self._chunk[: layers * two * n * heads * head_dim].view(layers, two, n, heads, head_dim)
+            torch.index_select(kv, 2, context[lo : lo + n], out=out)
+            score += out.sum(dtype=torch.float32)
         return score
 
     def finish(self, outputs: list, items: list) -> list[int]:

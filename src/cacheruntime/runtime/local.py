@@ -133,8 +133,8 @@ def operation(method: Callable | None = None, *, journal: bool = True) -> Callab
     touches the device; a method without device work is committed on return. An error
     before the commit replays the journal backwards (`_rollback`), so nothing changed.
     `journal=False` is for the hot calls whose every check precedes their first change
-    (`prepare_batch`, `poll_completions`, `wait_completions`, `info`): they skip the
-    journal's cost, and a failure finds nothing to undo.
+    (`prepare_batch`, `poll_completions`, `info`): they skip the journal's cost, and a
+    failure finds nothing to undo.
     """
     if method is None:
         return functools.partial(operation, journal=journal)
@@ -698,20 +698,21 @@ class LocalGPURuntime:
                     progress = True
         return self._report()
 
-    @operation(journal=False)
+    @operation
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         """Block until every transfer has finished, retire them all, report as poll does.
 
         The retire bookkeeping (per page: its tags and its copy made valid) runs before the
         host blocks on the copies' events, so on CUDA it overlaps the copies' tail instead
-        of following it. Nothing can observe the state in between, and the completions are
-        handed over only once every event is done.
+        of following it. It is journaled: if blocking fails (a CUDA copy error surfaces at
+        the event, or the wait is interrupted), the retires are undone and every transfer
+        is still in flight. The completions are handed over only once every event is done.
         """
         st = self._state
-        self._pump_d2h()  # everything queued, now
+        self._pump_d2h()  # everything queued, now (device work: not undone)
         pending = [self._launched[t] for t in sorted(st.transfers)]
         for launched in pending:
-            launched.result.result()  # a copy that raised surfaces here, before anything changes
+            launched.result.result()  # a copy that raised at launch (or, on CPU, while it ran) surfaces here
         while st.transfers:
             self._retire(next(t for t in sorted(st.transfers) if not st.transfers[t].waits_for & st.transfers.keys()))
         for launched in pending:
@@ -848,6 +849,8 @@ class LocalGPURuntime:
         slot_set = record.slot_set
         slots = self._slot_sets.get(slot_set)
         if slots is None:
+            if len(self._slot_sets) >= _INTERNED_SLOT_SETS:
+                self._slot_sets.clear()  # only the sharing of older tuples is lost
             slots = self._slot_sets[slot_set] = tuple(sorted(slot_set))
         st.finished[batch_id] = (state, slots)
         self._undo(functools.partial(_unfinish, st, batch_id, record))
@@ -1022,8 +1025,7 @@ class LocalGPURuntime:
         pages, no_versions, l1 = st.pages, self._no_versions, Tier.L1
         for name, location in zip(names, phys):
             pages[name] = Page(1, no_versions[:], {l1: _new_copy(Copy, (location, False))})
-        if self._journal is not None:
-            self._journal.append(functools.partial(_forget_pages, st, names))
+        self._undo(functools.partial(_forget_pages, st, names))
         return names, phys
 
     def _transfers_on(self, tier: Tier, phys: int) -> set[int]:
@@ -1399,6 +1401,9 @@ _new_copy = tuple.__new__  # `Copy(phys, filling)` without the NamedTuple's Pyth
 _set_request = ItemResult.__dict__["request"].__set__
 _set_num_tokens = ItemResult.__dict__["num_tokens"].__set__
 _set_next_token = ItemResult.__dict__["next_token"].__set__
+#: At most this many slot sets keep an interned tuple: a server whose decode sets keep
+#: changing would otherwise grow the table without end.
+_INTERNED_SLOT_SETS = 1024
 _exhaust = deque(maxlen=0).extend  # runs an iterator to its end in C, keeping nothing
 
 

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench.harness import GcClock, NullRunner, close_runtime, make_runtime, set_runner, steady_gc, to_device
+from cacheruntime.bench.harness import GcClock, NullRunner, close_runtime, make_runtime, set_runner, steady_gc
 from cacheruntime.bench.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan
+from cacheruntime.runtime.streams import to_device
 
 SECTION = "cpu"
 
@@ -59,8 +60,8 @@ class DirectPools:
             positions.append(length)
             locations.append(self.rows[slot][length // ps] * ps + length % ps)
             self.lengths[slot] = length + 1
-        index = to_device(torch.tensor([slots, positions], dtype=torch.long), self.device)
-        self.table[index[0], index[1]] = to_device(torch.tensor(locations, dtype=torch.int32), self.device)
+        index = to_device([slots, positions], torch.long, self.device)
+        self.table[index[0], index[1]] = to_device(locations, torch.int32, self.device)
         return self.null.finish(self.null.forward(None, self.table, slots).tolist(), slots)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from cacheruntime.protocol import Tier
+from cacheruntime.runtime.streams import to_device
 
 
 class Clock:
@@ -72,13 +73,6 @@ class Clock:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host tensor -> device without blocking the host (pinned, non_blocking) on CUDA."""
-    if device.type != "cuda":
-        return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class GcClock:
@@ -284,7 +278,7 @@ class BenchRunner:
         kv = memory.l1.view(layers, two, pages * page_size, heads, head_dim)
         rows = [it.slot for it in items for _ in range(it.start, it.end)]
         cols = [pos for it in items for pos in range(it.start, it.end)]
-        index = to_device(torch.tensor([rows, cols], dtype=torch.long), self.device)
+        index = to_device([rows, cols], torch.long, self.device)
         new = table[index[0], index[1]].long()
         count, have = new.numel(), self.kv_values.shape[2]
         if count <= have:

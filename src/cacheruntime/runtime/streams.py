@@ -3,8 +3,8 @@
 The runtime orders its work the way CUDA does: work submitted to one stream runs in
 submission order, an event marks a point in a stream, and a stream can be told to wait
 for an event recorded on another. On CUDA these are `torch.cuda.Stream`/`Event`. On CPU
-each stream is one worker thread running its queue in FIFO order and an event is a
-`threading.Event`, so work on different streams really runs concurrently: a missing
+each stream is one worker thread running its queue in FIFO order and an event is a lock
+released when the worker reaches it, so work on different streams really runs concurrently: a missing
 `wait` is a real race there too, not a no-op, and the test-only delay knob makes it a
 sure one.
 
@@ -64,25 +64,18 @@ class CpuEvent:
             self._lock.release()
 
 
-class CpuResult:
-    """What a CPU stream's job returned or raised, once the worker has run it (a light Future)."""
+class CpuResult(CpuEvent):
+    """What a CPU stream's job returned or raised: an event set once the worker has run it (a light Future)."""
 
-    __slots__ = ("_lock", "_value", "_error")
+    __slots__ = ("_value", "_error")
 
     def __init__(self) -> None:
-        self._lock = _allocate_lock()
-        self._lock.acquire()
+        super().__init__()
         self._value: Any = None
         self._error: BaseException | None = None
 
-    def done(self) -> bool:
-        return not self._lock.locked()
-
     def result(self) -> Any:
-        lock = self._lock
-        if lock.locked():
-            lock.acquire()
-            lock.release()
+        self.synchronize()
         if self._error is not None:
             raise self._error
         return self._value
@@ -115,7 +108,7 @@ class CpuStream:
                 result._value = fn()
             except BaseException as error:  # kept for whoever reads the result
                 result._error = error
-            result._lock.release()
+            result.set()
 
         self._queue.put(job)
         return result

@@ -424,6 +424,17 @@ class CopyState(enum.Enum):
     VALID = "valid"
 
 
+class BatchState(enum.StrEnum):
+    """The state of a batch: prepared until it is executed or cancelled, then final.
+
+    A `StrEnum`, so that a view compares equal to the spec's and TLA+'s state words.
+    """
+
+    PREPARED = "prepared"
+    EXECUTED = "executed"
+    CANCELLED = "cancelled"
+
+
 @attrs.frozen
 class SlotView:
     """One request slot: its generation, and for a live request the row's pages and length."""
@@ -484,7 +495,7 @@ class BatchView:
     """A batch handle the runtime remembers, with its state and the requests it names."""
 
     batch_id: int
-    state: str  # "prepared" | "executed" | "cancelled"
+    state: BatchState
     slots: tuple[int, ...]
     pages: tuple[int, ...]  # pages the batch holds until it executes or is cancelled
 

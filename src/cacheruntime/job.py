@@ -55,7 +55,7 @@ def _runtime(args: argparse.Namespace):
 
         return ReferenceModel(**sizes), None
     from cacheruntime.runtime.factories import local
-    from cacheruntime.runtime.runner import DecoderConfig
+    from cacheruntime.runtime.device.runner import DecoderConfig
 
     return local(device=args.device, runner="tiny", seed=args.seed, **sizes), DecoderConfig().vocab
 

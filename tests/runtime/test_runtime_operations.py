@@ -41,7 +41,7 @@ from cacheruntime.protocol import (
     WouldLoseData,
 )
 from cacheruntime.runtime.factories import conformance, local
-from cacheruntime.runtime.local import Launched
+from cacheruntime.runtime.device.layer import Launched
 
 
 @pytest.fixture
@@ -282,15 +282,15 @@ def test_wait_completions_failing_while_blocking_retires_nothing(rt):
     """wait_completions retires before it blocks; if blocking fails, the retires are undone."""
     _, e = published(rt)
     (ticket,) = rt.submit((Backup(e),))
-    rt._pump_d2h()  # issue the whole backup now, so that it has its event
-    launched = rt._launched[ticket.transfer_id]
-    rt._launched[ticket.transfer_id] = Launched(_EventThatFails(), launched.result)
+    rt.device_layer.pump()  # issue the whole backup now, so that it has its event
+    launched = rt.device_layer.launched[ticket.transfer_id]
+    rt.device_layer.launched[ticket.transfer_id] = Launched(_EventThatFails(), launched.result)
     before = rt.probe()
     with pytest.raises(KeyboardInterrupt):
         rt.wait_completions()
     after = rt.probe()
     assert comparable(after) == comparable(before)
     assert [t.transfer_id for t in after.transfers] == [ticket.transfer_id]
-    rt._launched[ticket.transfer_id] = launched
+    rt.device_layer.launched[ticket.transfer_id] = launched
     assert [c.ticket for c in rt.wait_completions()] == [ticket]
     check_state(rt.probe())

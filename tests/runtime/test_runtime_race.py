@@ -11,26 +11,18 @@ from __future__ import annotations
 
 from runtimekit import PS, item, plan, twin_model
 
+from cacheruntime.conformance.mutants.local import ReuseInFlight, SkipKvReadyWait
 from cacheruntime.invariants import D1_copies_hold_last_write, check_state
-from cacheruntime.protocol import Backup, Demote, OutOfPages, Restore, Tier
+from cacheruntime.protocol import Backup, Demote, OutOfPages, Restore
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
 from cacheruntime.runtime.local import LocalGPURuntime
 
 DELAY = 0.2
 
-
-class SkipsKvReady(LocalGPURuntime):
-    """Mutant: compute does not wait for the restores it reads (O1)."""
-
-    def _wait_kv_ready(self, launched):
-        pass
-
-
-class FreesInFlight(LocalGPURuntime):
-    """Mutant: a released page goes straight to the free list, even while a transfer uses it (O3)."""
-
-    def _free_phys(self, tier: Tier, phys: int) -> None:
-        self._state.pools[tier].free.append(phys)
+#: Mutant: compute does not wait for the restores it reads (O1).
+SkipsKvReady = SkipKvReadyWait
+#: Mutant: a released page goes straight to the free list, even while a transfer uses it (O3).
+FreesInFlight = ReuseInFlight
 
 
 def restore_then_compute(runtime_class, device):

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from cacheruntime.runtime.streams import current_cuda_stream, on_stream
+from cacheruntime.runtime.device.streams import current_cuda_stream, on_stream
 
 pytestmark = pytest.mark.cuda
 

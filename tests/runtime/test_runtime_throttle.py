@@ -40,13 +40,13 @@ def published(t: Twin, pages: int):
 def test_backup_is_issued_piecewise_and_wait_drains(twin):
     h, e = published(twin, 4)
     twin.submit((Backup(e),))  # the first page's piece now, the rest later
-    assert len(twin.runtime._d2h_queue) == 3
+    assert len(twin.runtime.device_layer.throttle.queue) == 3
     twin.poll_completions()  # no batch since: one more piece
-    assert len(twin.runtime._d2h_queue) == 2
+    assert len(twin.runtime.device_layer.throttle.queue) == 2
     twin.execute_batch(twin.prepare_batch(plan(item(h, 1))))  # one piece per batch
-    assert len(twin.runtime._d2h_queue) == 1
+    assert len(twin.runtime.device_layer.throttle.queue) == 1
     done = twin.wait_completions()
-    assert not twin.runtime._d2h_queue and len(done) == 1
+    assert not twin.runtime.device_layer.throttle.queue and len(done) == 1
 
 
 def test_restore_of_a_queued_backup_issues_it_first(twin):
@@ -67,8 +67,8 @@ def test_unthrottled_issues_at_once(device):
     h = rt.open_request()
     rt.execute_batch(rt.prepare_batch(BatchPlan((item(h, 4 * PS),))))
     x = rt.publish(h, 0, 4)
-    rt.submit((Backup(x),))
-    assert not rt._d2h_queue
+    (ticket,) = rt.submit((Backup(x),))
+    assert rt.device_layer.throttle is None and ticket.transfer_id in rt.device_layer.launched
     assert len(rt.wait_completions()) == 1
     rt.close()
     with pytest.raises(ValueError):
@@ -83,7 +83,7 @@ def test_random_walk_throttled_matches_model(seed, device):
     t.runtime.set_transfer_delay(0.002 if seed % 2 else 0.0)
     random_walk(t, random.Random(1000 + seed), 80)
     t.wait_completions()
-    assert not t.runtime._d2h_queue
+    assert not t.runtime.device_layer.throttle.queue
     t.runtime.close()
 
 
@@ -99,7 +99,7 @@ def test_every_issue_point_issues_one_piece_per_batch_and_keeps_the_models_seman
     g = t.open_request()
     for queued in (2, 1, 0):
         t.execute_batch(t.prepare_batch(plan(item(g, 1))))
-        assert len(t.runtime._d2h_queue) == queued
+        assert len(t.runtime.device_layer.throttle.queue) == queued
     t.wait_completions()
     t.submit((Demote(e),))
     r = t.open_request()

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from cacheruntime.runtime.streams import current_cuda_stream, on_stream, to_device
+from cacheruntime.runtime.device.streams import current_cuda_stream, on_stream, to_device
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import attrs
 import torch
 import torch.nn.functional as F
 
 from cacheruntime.protocol import tag_digest
-from cacheruntime.runtime.streams import to_device
+from cacheruntime.runtime.device.streams import to_device
 
 #: digits of a version tag in the KV bytes: base 256 is exact in float32, float16 and bfloat16
 TAG_DIGITS = 4
@@ -238,7 +238,21 @@ class TaggingRunner:
         return torch.where(agree, first, torch.full_like(first, -1))
 
 
-Runner = TinyRunner | TaggingRunner
+@runtime_checkable
+class Runner(Protocol):
+    """What the device layer asks of a model: compute a batch over the paged KV, on the compute stream.
+
+    `forward` runs on the compute stream (after the restores it reads, O1) and returns one
+    value per item, read back on the host as a list; `finish` turns those into next
+    tokens. `tagged` claims TAGGED_COMPUTE: then `page_tags` decodes the version tags a
+    page's bytes hold (for `probe()`), and `reference` is not available.
+    """
+
+    tagged: bool
+
+    def forward(self, memory: Any, table: torch.Tensor, items: ComputeBatch) -> torch.Tensor: ...
+
+    def finish(self, outputs: list[Any], items: ComputeBatch) -> list[int]: ...
 
 
 def make_runner(kind: str, config: DecoderConfig, max_positions: int, device: torch.device, seed: int) -> Runner:

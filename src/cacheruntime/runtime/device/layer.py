@@ -1,0 +1,227 @@
+"""The device layer: KV memory, ReqToToken, streams and events, the runner, the D2H throttle.
+
+It does what the ledger has decided, after the call committed: writes ReqToToken, issues
+transfers on their streams, runs compute. Ordering (the reason the runtime exists):
+
+- restores start on the H2D stream; a restore whose host source a backup still fills
+  waits for that backup's event (scenario 1);
+- compute waits for the KV_READY event of every restore of a page it reads (O1), then
+  runs, then records a compute event;
+- a backup's D2H waits for the latest compute event before it reads device pages (O2);
+- the ledger frees a physical page only once every transfer on it completed (O3), and
+  compute never outlives `execute_batch`, which returns with the outputs on the host.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import attrs
+import torch
+
+from cacheruntime.protocol import Tier, TransferKind
+from cacheruntime.runtime.device.memory import KVMemory
+from cacheruntime.runtime.device.ordering import Ordering
+from cacheruntime.runtime.device.reqtotoken import ReqToToken
+from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runner, make_runner
+from cacheruntime.runtime.device.streams import Event, Result, Stream, make_stream
+from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS, D2HThrottle, Piece, Results
+from cacheruntime.runtime.ledger.records import Transfer
+
+
+@attrs.frozen
+class Launched:
+    """A transfer issued to its stream: the event after its copy, and the copy's result."""
+
+    event: Event
+    result: Result | Results
+
+
+class DeviceLayer:
+    """Everything physical of a `LocalGPURuntime`; the ledger's records are read here, never changed."""
+
+    def __init__(
+        self,
+        *,
+        device: str,
+        page_size: int,
+        max_requests: int,
+        max_request_tokens: int,
+        l1_pages: int,
+        l2_pages: int,
+        runner: str | Runner,
+        config: DecoderConfig,
+        seed: int,
+        d2h_bytes_per_batch: int | None,
+        d2h_issue: str,
+        memory_class: type[KVMemory] = KVMemory,
+        ordering_class: type[Ordering] = Ordering,
+    ):
+        if d2h_issue not in D2H_ISSUE_POINTS:
+            raise ValueError(f"d2h_issue must be one of {', '.join(D2H_ISSUE_POINTS)}, not {d2h_issue!r}")
+        self.device = torch.device(device)
+        self.runner: Runner = make_runner(runner, config, max_request_tokens, self.device, seed) if isinstance(runner, str) else runner
+        self.memory = memory_class(
+            device=self.device,
+            l1_pages=l1_pages,
+            l2_pages=l2_pages,
+            page_size=page_size,
+            layers=config.layers,
+            heads=config.heads,
+            head_dim=config.head_dim,
+            dtype=config.torch_dtype,
+        )
+        self.req_to_token = ReqToToken(max_requests, max_request_tokens, page_size, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # weights and pools were filled on the default stream
+        self.compute: Stream = make_stream("compute", self.device)
+        self.h2d: Stream = make_stream("h2d", self.device)
+        self.d2h: Stream = make_stream("d2h", self.device)
+        self._finalizer = weakref.finalize(self, _close_streams, (self.compute, self.h2d, self.d2h))
+        self.ordering = ordering_class()
+        self.launched: dict[int, Launched] = {}
+        self.compute_event: Event | None = None
+        self.delay = {TransferKind.BACKUP: 0.0, TransferKind.RESTORE: 0.0}
+        piece_pages = None if d2h_bytes_per_batch is None else max(1, d2h_bytes_per_batch // self.memory.page_bytes)
+        self.throttle = None if piece_pages is None else D2HThrottle(piece_pages, self._issue_piece, self._backup_issued)
+        self.d2h_issue = d2h_issue
+        self.executed_since_pump = False
+
+    # -- transfers ---------------------------------------------------------------------
+
+    def launch_all(self, transfer_ids: list[int], transfers: dict[int, Transfer]) -> None:
+        """Issue the transfers a call started, in id order, each on its stream."""
+        for transfer_id in transfer_ids:
+            self.launch(transfer_id, transfers[transfer_id])
+
+    def launch(self, transfer_id: int, record: Transfer) -> None:
+        """Issue one transfer after the transfers it waits for (a backup: through the throttle)."""
+        backup = record.kind is TransferKind.BACKUP
+        throttle = self.throttle
+        if throttle is not None and throttle.queued and not record.waits_for.isdisjoint(throttle.queued):
+            throttle.pump(until=max(record.waits_for & throttle.queued))  # a restore reads a queued backup's host copy
+        deps = [self.launched[w].event for w in sorted(record.waits_for) if w in self.launched]
+        sources = [src for _, src, _ in record.pages]
+        destinations = [dst for _, _, dst in record.pages]
+        if backup and throttle is not None:
+            throttle.enqueue(transfer_id, sources, destinations, deps)
+            return
+        stream = self.d2h if backup else self.h2d
+        self.ordering.wait_transfer_deps(stream, deps)
+        if backup:
+            self.ordering.wait_compute(stream, self.compute_event)
+        delay = self.delay[record.kind]
+        if delay:
+            stream.sleep(delay)
+        move = self.memory.backup if backup else self.memory.restore
+        result = stream.submit(lambda: move(sources, destinations))
+        self.launched[transfer_id] = Launched(stream.record(), result)
+
+    def _issue_piece(self, piece: Piece) -> Result:
+        """Put one throttled backup piece on the D2H stream, after its dependencies and the latest compute (O2)."""
+        stream = self.d2h
+        if piece.deps is not None:
+            self.ordering.wait_transfer_deps(stream, piece.deps)
+        self.ordering.wait_compute(stream, self.compute_event)  # after the latest compute, hence after the one that wrote the pages
+        if piece.deps is not None and self.delay[TransferKind.BACKUP]:
+            stream.sleep(self.delay[TransferKind.BACKUP])
+        backup, sources, destinations = self.memory.backup, piece.sources, piece.destinations
+        return stream.submit(lambda: backup(sources, destinations))
+
+    def _backup_issued(self, transfer_id: int, results: Results) -> None:
+        self.launched[transfer_id] = Launched(self.d2h.record(), results)
+
+    def pump(self, pieces: int | None = None) -> None:
+        """Issue `pieces` queued backup pieces (all of them by default)."""
+        if self.throttle is not None and self.throttle.queue:
+            self.throttle.pump(pieces)
+
+    def pump_idle(self) -> None:
+        """At a poll: if no batch ran since the last one, one piece, so that the D2H still moves on."""
+        if not self.executed_since_pump:
+            self.pump(1)
+        self.executed_since_pump = False
+
+    def done(self, transfer_ids: list[int]) -> set[int]:
+        """Which of `transfer_ids` have finished on their streams; a copy that raised surfaces here."""
+        launched = self.launched
+        done = {t for t in transfer_ids if t in launched and launched[t].event.query()}
+        for t in done:
+            launched[t].result.result()
+        return done
+
+    def wait_all(self, transfer_ids: list[int]) -> list[Launched]:
+        """Issue everything queued; surface any copy that raised; the launches, to synchronize on."""
+        self.pump()
+        pending = [self.launched[t] for t in transfer_ids]
+        for launched in pending:
+            launched.result.result()  # a copy that raised at launch (or, on CPU, while it ran) surfaces here
+        return pending
+
+    def forget(self, in_flight: dict[int, Transfer]) -> None:
+        """Drop the launches of transfers the ledger completed."""
+        if self.launched:
+            self.launched = {t: launched for t, launched in self.launched.items() if t in in_flight}
+
+    def drain(self) -> None:
+        """Finish every queued and issued piece of work (a restart discards the transfers afterwards)."""
+        self.pump()
+        for stream in (self.compute, self.h2d, self.d2h):
+            stream.synchronize()
+        self.compute_event = None
+
+    # -- ReqToToken and compute --------------------------------------------------------
+
+    def write_req_to_token(self, slots: list[int], page_index: list[int], phys: list[int]) -> None:
+        """Map pages into ReqToToken on the compute stream (compute reads it in stream order)."""
+        self.req_to_token.write(self.compute, slots, page_index, phys)
+
+    def run_compute(self, items: ComputeBatch, kv_ready: list[Launched], started: list[int], transfers: dict[int, Transfer]) -> list[int]:
+        """Run the batch after its restores (O1); record the compute event; launch the transfers `started`."""
+        self.ordering.wait_kv_ready(self.compute, [launched.event for launched in kv_ready])
+        runner, memory, table = self.runner, self.memory, self.req_to_token.table
+        result = self.compute.submit(lambda: runner.forward(memory, table, items))
+        issue, queued = self.d2h_issue, self.throttle is not None and bool(self.throttle.queue)
+        if issue == "under_compute" and queued:
+            # Every queued piece belongs to a backup started before this batch, so the compute
+            # event its D2H waits for (O2) is still the previous batch's: it runs under this compute.
+            self.pump(1)
+        self.compute_event = self.compute.record()
+        self.launch_all(started, transfers)
+        if issue == "after_compute":
+            self.pump(1)  # waits for this batch's compute event
+        self.executed_since_pump = True
+        # Read the outputs in the compute stream's order: that one wait covers the batch.
+        # On CPU the forward's own result is that point (its worker ran it in order).
+        if self.device.type == "cuda":
+            outputs = self.compute.submit(lambda: result.result().tolist()).result()
+        else:
+            outputs = result.result().tolist()
+        if issue == "after_outputs":
+            self.pump(1)  # the copy engine is free of this batch's output read
+        return runner.finish(outputs, items)
+
+    def read_tags(self) -> dict[Tier, list[int]]:
+        """Every physical page's tags, decoded from the bytes after the compute stream's work (flat, as `Pool.tags`)."""
+        runner, memory = self.runner, self.memory
+        l1, l2 = memory.l1.shape[2], memory.l2.shape[0]
+        result = self.compute.submit(
+            lambda: {
+                Tier.L1: runner.page_tags(memory.read_l1(list(range(l1)))),  # type: ignore[attr-defined]
+                Tier.L2: runner.page_tags(memory.read_l2(list(range(l2)))),  # type: ignore[attr-defined]
+            }
+        )
+        self.compute.record().synchronize()
+        values: dict[Tier, Any] = result.result()
+        return {tier: tensor.flatten().tolist() for tier, tensor in values.items()}
+
+    def close(self) -> None:
+        """Drain the streams and stop their workers."""
+        self._finalizer()
+
+
+def _close_streams(streams: tuple[Stream, ...]) -> None:
+    """Stop the streams after their queued work (at `close`, collection or interpreter exit)."""
+    for stream in streams:
+        stream.close()

@@ -332,11 +332,14 @@ class LocalGPURuntime:
 
     def _commit(self) -> None:
         """Every precondition held: keep the ledger's changes, count the call (B1), forget completed launches."""
-        self.ledger.txn.commit(self.ledger.state.calls)
-        self.device_layer.forget(self.ledger.state.transfers)
+        ledger = self.ledger
+        ledger.txn.commit(ledger.state.calls)
+        if self.device_layer.launched:
+            self.device_layer.forget(ledger.state.transfers)
 
     def _launch_started(self) -> None:
         """Issue the transfers this call started, in id order, each on its stream."""
         txn = self.ledger.txn
-        self.device_layer.launch_all(txn.started, self.ledger.state.transfers)
-        txn.started = []
+        if txn.started:
+            self.device_layer.launch_all(txn.started, self.ledger.state.transfers)
+            txn.started = []

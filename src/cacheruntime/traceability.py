@@ -12,6 +12,9 @@ check looks in the artifact's files for a definition of it:
 | conformance | `src/cacheruntime/conformance/**/*.py` | the name appears (a rule, check or mutant) |
 | Z3 | `src/cacheruntime/z3check*` | the name appears |
 
+The files are this checkout's, `--repo DIR`'s, or (installed from a wheel) the copy of
+spec/ and tla/ in the wheel beside the installed package's sources (cacheruntime.specfiles).
+
 It also fails if an id of the design brief's catalogue has no row. Run it as
 `cacheruntime trace`; the test suite runs it too.
 """
@@ -22,6 +25,8 @@ import argparse
 import re
 from pathlib import Path
 
+from cacheruntime import specfiles
+
 #: The ids the design brief catalogues; every one must have a row.
 CATALOGUE = ("H1", "H2", "H3", "R1", "R2", "R3", "R4", "E1", "E2", "E3", "E4", "O1", "O2", "O3", "O4", "B1", "B2", "D1")
 
@@ -30,11 +35,9 @@ COLUMNS = ("spec", "TLA+", "model", "conformance", "Z3")
 _NAME = re.compile(r"`([^`]+)`")
 
 
-def repository_root() -> Path:
-    """The checkout to check: the working directory if it holds the catalogue, else this package's."""
-    if (Path.cwd() / "spec" / "invariants.md").exists():
-        return Path.cwd()
-    return Path(__file__).resolve().parents[2]
+def repository_root(repo: Path | None = None) -> Path:
+    """The folder to check: `repo`, else the checkout at hand, else the wheel's copy (see cacheruntime.specfiles)."""
+    return specfiles.root(repo)
 
 
 def read_matrix(catalogue: Path) -> dict[str, dict[str, str]]:
@@ -68,13 +71,14 @@ def check(root: Path) -> list[str]:
     if not catalogue.exists():
         return [f"{catalogue} is missing"]
     rows = read_matrix(catalogue)
+    src = specfiles.sources(root)
     problems = [f"{i}: no row in spec/invariants.md" for i in CATALOGUE if i not in rows]
     corpora = {
         "spec": _sources(root, "spec/protocol.md"),
         "TLA+": _sources(root, "tla/*.tla"),
-        "model": _sources(root, "src/cacheruntime/**/*.py", exclude="conformance"),
-        "conformance": _sources(root, "src/cacheruntime/conformance/**/*.py"),
-        "Z3": _sources(root, "src/cacheruntime/z3check*") + _sources(root, "src/cacheruntime/z3check/**/*.py"),
+        "model": _sources(src, "**/*.py", exclude="conformance"),
+        "conformance": _sources(src, "conformance/**/*.py"),
+        "Z3": _sources(src, "z3check*") + _sources(src, "z3check/**/*.py"),
     }
     for invariant, row in rows.items():
         for column in COLUMNS:
@@ -109,11 +113,11 @@ def planned(root: Path) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--root", type=Path, default=None, help="repository root (default: this checkout)")
+    specfiles.add_repo_option(parser)
 
 
 def main(args: argparse.Namespace) -> int:
-    root = args.root or repository_root()
+    root = repository_root(args.repo)
     problems = check(root)
     rows = read_matrix(root / "spec" / "invariants.md") if (root / "spec" / "invariants.md").exists() else {}
     for problem in problems:

@@ -1,4 +1,4 @@
-"""`cacheruntime bench`: the CPU smoke run's output structure, and the bench's own pieces.
+"""`cacheruntime bench` (benchmarks/ of this checkout): the CPU smoke run's output structure, and the bench's own pieces.
 
 CPU cannot meet GPU targets, so the smoke test checks structure and that every ratio is a
 finite positive number, never target values.
@@ -18,16 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from cacheruntime.bench import harness, report, timeline
+from benchmarks import harness, report, timeline
+from benchmarks.hooks import KVMemory
 from cacheruntime.pageruns import coalesce
-from cacheruntime.runtime.pools import KVMemory
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "cacheruntime.cli", "bench", "--device", "cpu", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "cacheruntime.cli", "bench", "--repo", str(ROOT), "--device", "cpu", "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

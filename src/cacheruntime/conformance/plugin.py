@@ -10,16 +10,23 @@ and runs `pytest --cacheruntime-factory MODULE:FACTORY [--cacheruntime-option ke
 the suite's tests skip, so the module is harmless in runs that do not ask for it. The
 terminal summary lists the checks skipped for lack of a claim and expected failures that
 no longer fail.
+
+pytest loads this plugin in every run of an environment that has cacheruntime, also one
+without the [conformance] extra's Hypothesis: what needs Hypothesis is imported only when
+the suite is asked for.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
-from cacheruntime.conformance import expected as expected_file
-from cacheruntime.conformance.profiles import DEFAULT_DATABASE
-from cacheruntime.conformance.runner import Outcome, claims_report
 from cacheruntime.conformance.target import Target
+
+if TYPE_CHECKING:
+    from cacheruntime.conformance.expected import Expected
+    from cacheruntime.conformance.runner import Outcome
 
 _OUTCOMES = pytest.StashKey[list]()
 
@@ -30,7 +37,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--cacheruntime-option", action="append", default=[], metavar="KEY=VALUE", help="factory kwarg")
     group.addoption("--cacheruntime-expected", default=None, metavar="FILE", help="TOML expected-failures file")
     group.addoption("--cacheruntime-profile", choices=("ci", "deep"), default="ci", help="Hypothesis profile of the suite")
-    group.addoption("--cacheruntime-database", default=DEFAULT_DATABASE, help="example database of the deep profile")
+    group.addoption("--cacheruntime-database", default=None, help="example database of the deep profile (default: the suite's)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,8 +54,10 @@ def cacheruntime_target(request: pytest.FixtureRequest) -> Target:
 
 
 @pytest.fixture(scope="session")
-def cacheruntime_expected(request: pytest.FixtureRequest) -> tuple[expected_file.Expected, ...]:
+def cacheruntime_expected(request: pytest.FixtureRequest) -> tuple[Expected, ...]:
     """The entries of `--cacheruntime-expected`, or none."""
+    from cacheruntime.conformance import expected as expected_file
+
     path = request.config.getoption("--cacheruntime-expected")
     return expected_file.load(path) if path else ()
 
@@ -64,6 +73,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     outcomes: list[Outcome] = config.stash.get(_OUTCOMES, [])
     if not spec or not outcomes:
         return
+    from cacheruntime.conformance import expected as expected_file
+    from cacheruntime.conformance.runner import claims_report
+
     target = Target.parse(spec, config.getoption("--cacheruntime-option"))
     terminalreporter.section("cacheruntime conformance")
     terminalreporter.write_line(f"runtime: {target}")

@@ -1,20 +1,8 @@
 """What every part of the bench shares: the clock, the runtime it builds, the models it runs.
 
-The bench drives `LocalGPURuntime` through the protocol (`cacheruntime.protocol`) and
-reaches inside it in exactly three documented places, none of which changes the
-runtime's code:
-
-- `runtime._runner` is replaced by a bench model (`BenchRunner`: a decode step shaped like
-  an 8B model, weights read once per step, every token's KV written and the context read
-  through ReqToToken; or `NullRunner`: no compute, to isolate bookkeeping). The runtime's
-  ordering, bookkeeping and transfers are untouched.
-- the free lists in `runtime._state.pools` are reordered (`fragment_free_list`) so that the
-  allocator hands out pages in scattered runs of a chosen length, as a long-running
-  server's fragmented pools do. Which free page the allocator returns is the runtime's
-  choice and invisible to control, so this only picks a realistic starting state.
-- `runtime._memory` is read to time the runtime's own transfer routines alone (data
-  path), and the overlap section wraps its `restore` on the instance to time the host's
-  issue cost.
+The bench drives `LocalGPURuntime` through the protocol (`cacheruntime.protocol`); where it
+needs more (its own model in the runtime, the free lists, the KV memory) it goes through
+`benchmarks.hooks`, the one module that touches the runtime's parts.
 """
 
 from __future__ import annotations
@@ -29,8 +17,8 @@ from typing import Any
 
 import torch
 
+from benchmarks import hooks
 from cacheruntime.protocol import Tier
-from cacheruntime.runtime.streams import to_device
 
 
 class Clock:
@@ -176,10 +164,10 @@ def scattered_runs(pages: list[int], run: int, needed: int, rng: random.Random) 
 
 def fragment_free_list(runtime: Any, tier: Tier, run: int, needed: int, rng: random.Random) -> None:
     """Make the runtime's allocator hand out its next `needed` `tier` pages in scattered runs of `run`."""
-    pool = runtime._state.pools[tier]
-    order = scattered_runs(list(pool.free), run, needed, rng)
-    pool.free.clear()
-    pool.free.extend(order)
+    free = hooks.free_list(runtime, tier)
+    order = scattered_runs(list(free), run, needed, rng)
+    free.clear()
+    free.extend(order)
 
 
 # --------------------------------------------------------------------------------------
@@ -225,7 +213,7 @@ class BenchRunner:
     def __init__(
         self,
         device: torch.device,
-        kv_shape: tuple[int, ...],
+        kv_shape: tuple[int, int, int],  # (layers, KV heads, head dim) of the runtime's KV memory
         *,
         hidden: int,
         weight_layers: int,
@@ -241,14 +229,14 @@ class BenchRunner:
         self.context_chunk = context_chunk
         self._chunk: torch.Tensor | None = None  # the gather buffer: layers * 2 * context_chunk * heads * head_dim values
         gen = torch.Generator(device=device).manual_seed(seed)
-        layers, two, _, _, heads, head_dim = kv_shape
+        layers, heads, head_dim = kv_shape
         self.hidden = hidden
         self.weights = [
             torch.randn(hidden, hidden * width_mult, generator=gen, device=device, dtype=dtype) * hidden**-0.5
             for _ in range(weight_layers)
         ]
         self.x = torch.randn(512, hidden, generator=gen, device=device, dtype=dtype)
-        self.kv_values = torch.randn(layers, two, max_new_tokens, heads, head_dim, generator=gen, device=device, dtype=dtype)
+        self.kv_values = torch.randn(layers, 2, max_new_tokens, heads, head_dim, generator=gen, device=device, dtype=dtype)
         #: when a list, each forward appends CUDA events (host launch, compute start, compute end)
         self.marks: list[tuple[Any, Any, Any]] | None = None
         self._idle = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -278,7 +266,7 @@ class BenchRunner:
         kv = memory.l1.view(layers, two, pages * page_size, heads, head_dim)
         rows = [it.slot for it in items for _ in range(it.start, it.end)]
         cols = [pos for it in items for pos in range(it.start, it.end)]
-        index = to_device([rows, cols], torch.long, self.device)
+        index = hooks.to_device([rows, cols], torch.long, self.device)
         new = table[index[0], index[1]].long()
         count, have = new.numel(), self.kv_values.shape[2]
         if count <= have:
@@ -321,24 +309,19 @@ class BenchRunner:
         return [int(t) for t in outputs]
 
 
-def kv_config(args: Any, tiny: bool = False) -> Any:
-    """The runtime's DecoderConfig with the KV shape under test (the runner itself is replaced).
+def kv_config(args: Any, tiny: bool = False) -> hooks.DecoderConfig:
+    """The runtime's DecoderConfig with the KV shape under test (the runner itself is the bench's).
 
     `tiny`: a minimal KV shape, for measurements of bookkeeping alone.
     """
-    from cacheruntime.runtime.runner import DecoderConfig
-
     if tiny:
-        return DecoderConfig(vocab=97, hidden=16, layers=1, heads=1, head_dim=8, mlp=16, dtype="float32")
-    return DecoderConfig(vocab=97, hidden=16, layers=args.layers, heads=args.kv_heads, head_dim=args.head_dim, mlp=16, dtype=args.dtype)
+        return hooks.DecoderConfig(vocab=97, hidden=16, layers=1, heads=1, head_dim=8, mlp=16, dtype="float32")
+    return hooks.DecoderConfig(vocab=97, hidden=16, layers=args.layers, heads=args.kv_heads, head_dim=args.head_dim, mlp=16, dtype=args.dtype)
 
 
-def make_runtime(args: Any, device: torch.device, tiny_kv: bool = False, **sizes: Any) -> Any:
-    """A LocalGPURuntime with the bench's KV shape; `sizes` are its constructor's pool sizes."""
-    from cacheruntime.runtime.local import LocalGPURuntime
-
-    config = kv_config(args, tiny=tiny_kv)
-    return LocalGPURuntime(runtime_id="bench", device=str(device), runner="tiny", config=config, seed=args.seed, **sizes)
+def make_runtime(args: Any, device: torch.device, runner: Any, tiny_kv: bool = False, **sizes: Any) -> Any:
+    """A LocalGPURuntime with the bench's KV shape running `runner`; `sizes` are its constructor's pool sizes."""
+    return hooks.new_runtime(kv_config(args, tiny=tiny_kv), device, seed=args.seed, runner=runner, **sizes)
 
 
 def exposure(marks: list[tuple[Any, Any, Any]]) -> tuple[list[float], list[float]]:
@@ -352,17 +335,12 @@ def exposure(marks: list[tuple[Any, Any, Any]]) -> tuple[list[float], list[float
     return waited, busy
 
 
-def set_runner(runtime: Any, runner: Any) -> None:
-    """Replace the runtime's model (see the module docstring)."""
-    if not hasattr(runtime, "_runner"):
-        raise RuntimeError("LocalGPURuntime has no _runner attribute any more; update cacheruntime.bench.harness")
-    runtime._runner = runner
-
-
-def bench_runner(args: Any, device: torch.device, runtime: Any, *, read_context: bool, max_new_tokens: int, width_mult: int | None = None) -> BenchRunner:
+def bench_runner(args: Any, device: torch.device, *, read_context: bool, max_new_tokens: int, width_mult: int | None = None) -> BenchRunner:
+    """The bench model for the KV shape of `args` (`kv_config`)."""
+    config = kv_config(args)
     return BenchRunner(
         device,
-        tuple(runtime._memory.l1.shape),
+        (config.layers, config.heads, config.head_dim),
         hidden=args.hidden,
         weight_layers=args.weight_layers if read_context else 0,
         width_mult=width_mult or args.width_mult,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench.harness import bench_runner, close_runtime, make_runtime, set_runner
+from benchmarks.harness import bench_runner, close_runtime, make_runtime
 from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Demote
 
 
@@ -26,12 +26,13 @@ class Decode:
         max_tokens = max(row_tokens, extent_pages * ps + 4 * ps)
         l1 = batch * -(-row_tokens // ps) + (extents + 4) * (extent_pages + 2) + 64
         l2 = extents * extent_pages + l2_extra + 64
+        #: the bench model the runtime runs (its `marks` record compute events)
+        self.runner = bench_runner(args, device, read_context=True, max_new_tokens=256, width_mult=width_mult)
         self.rt = rt = make_runtime(
-            args, device, page_size=ps, max_requests=batch + 4, max_request_tokens=max_tokens, l1_pages=l1, l2_pages=l2,
+            args, device, self.runner, page_size=ps, max_requests=batch + 4, max_request_tokens=max_tokens, l1_pages=l1, l2_pages=l2,
             **(runtime_options or {}),
         )
         try:
-            set_runner(rt, bench_runner(args, device, rt, read_context=True, max_new_tokens=256, width_mult=width_mult))
             self.requests = [rt.open_request() for _ in range(batch)]
             rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * context) for r in self.requests))))
             self.extents = []

@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench.decode import Decode, timed
-from cacheruntime.bench.harness import Clock, allocator_counts, counts_since, exposure, median, steady_gc
-from cacheruntime.bench.report import Row
+from benchmarks import hooks
+from benchmarks.decode import Decode, timed
+from benchmarks.harness import Clock, allocator_counts, counts_since, exposure, median, steady_gc
+from benchmarks.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan, Close, Demote, Restore
 
 SECTION = "overlap"
@@ -124,14 +125,13 @@ def _mode(loop: OverlapLoop, steps: int, mode: str) -> dict[str, float]:
     """
     device = loop.d.device
     cuda = device.type == "cuda"
-    runner, mem = loop.rt._runner, loop.rt._memory
+    runner = loop.d.runner
     runner.marks = [] if cuda else None
-    own, inner = mem.__dict__.get("restore"), mem.restore
     blocked = [0.0, 0]
     issue_ms: list[float] = []
     restore_events: list[tuple[Any, Any]] = []
 
-    def restore(src: list[int], dst: list[int]) -> None:  # host time spent issuing the restore
+    def restore(inner: Any, src: list[int], dst: list[int]) -> None:  # host time spent issuing the restore
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -145,17 +145,13 @@ def _mode(loop: OverlapLoop, steps: int, mode: str) -> dict[str, float]:
         blocked[1] += 1
         issue_ms.append(round(seconds * 1e3, 3))
 
-    mem.restore = restore
     before = allocator_counts(device)
     try:
-        step = loop.run(steps, mode=mode)
+        with hooks.restores_wrapped(loop.rt, restore):
+            step = loop.run(steps, mode=mode)
         marks = runner.marks or []
     finally:
         runner.marks = None
-        if own is None:
-            del mem.restore
-        else:
-            mem.restore = own
     out = {"step_s": step, "blocked_s": blocked[0] / max(blocked[1], 1), "issue_per_step_ms": issue_ms, "allocator": counts_since(before, device)}
     if restore_events:
         out["restore_gpu_per_step_ms"] = [round(start.elapsed_time(end), 3) for start, end in restore_events]
@@ -191,7 +187,7 @@ def _measure(args: Any, device: torch.device, pages: int, rows: list[Row], guard
         loop.run(2, mode="two-phase")  # warm up every path once
         loop.run(2, mode="one-phase")
         loop.run(2, mode="compute")
-        mem = d.rt._memory
+        mem = hooks.memory(d.rt)
         l1_total = mem.l1.shape[2]
         src, dst = list(range(pages)), list(range(l1_total - pages, l1_total))
         for path in ("runtime",):

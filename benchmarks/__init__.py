@@ -1,4 +1,9 @@
-"""`cacheruntime bench`: the boundary's cost and overlap, each beside a baseline of the same run.
+"""The boundary benchmark: its cost and overlap, each beside a baseline of the same run.
+
+It lives in the checkout, not in the installed package: run it from a clone as
+`cacheruntime bench [options]` (which finds this folder) or `python -m benchmarks [options]`.
+It drives `LocalGPURuntime` through the protocol and reaches the runtime's parts only
+through `benchmarks.hooks`. One-off diagnostics behind its numbers are in `diagnostics/`.
 
 Sections (`--only` picks some):
 
@@ -121,7 +126,7 @@ def resolve(args: argparse.Namespace, cuda: bool) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from cacheruntime.bench import report
+    from benchmarks import report
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     resolve(args, device.type == "cuda")
@@ -160,28 +165,28 @@ def main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         with guard(section, "section"):
             if section == "transfer":
-                from cacheruntime.bench import harness, transfers
+                from benchmarks import harness, transfers
 
                 clock = clock or harness.Clock(device)
                 transfers.run(args, device, clock, rows, guard)
             elif section == "overlap":
-                from cacheruntime.bench import overlap
+                from benchmarks import overlap
 
                 if args.timeline is None:
                     args.timeline_steps = 0
                 overlap.run(args, device, rows, guard, traces)
             elif section == "itl":
-                from cacheruntime.bench import itl
+                from benchmarks import itl
 
                 itl.run(args, device, rows, guard)
             elif section == "cpu":
-                from cacheruntime.bench import cpucost
+                from benchmarks import cpucost
 
                 cpucost.run(args, device, rows, guard)
         print(f"[{section}: {time.perf_counter() - t0:.1f} s]", flush=True)
     if traces and args.timeline:
         with guard("timeline", "export"):
-            from cacheruntime.bench import timeline
+            from benchmarks import timeline
 
             meta["timeline"] = timeline.export(traces, args.timeline)
     meta["seconds"] = time.perf_counter() - started

@@ -1,4 +1,4 @@
-"""Diagnostics behind the overlap and write-back numbers (CUDA only): `python -m cacheruntime.bench.diag OUT.json`.
+"""Diagnostics behind the overlap and write-back numbers (CUDA only): `python -m benchmarks.diagnostics.diag OUT.json`.
 
 - restore of 768 MiB (384 pages of 2 MiB, one contiguous host run) alone and under a
   concurrent GEMV loop, for DMA piece sizes of 128, 16 and 4 MiB: its GPU time, and the
@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from cacheruntime.bench.harness import scattered_runs
-from cacheruntime.runtime.pools import KVMemory, _uva_kernel
+from benchmarks.harness import scattered_runs
+from benchmarks.hooks import KVMemory
 
 
 def _mem(pages: int, dma_mib: int, uva: float = 0.0, pool: int | None = None) -> KVMemory:
@@ -74,6 +74,13 @@ def _run1_patterns(side: torch.cuda.Stream, pages: int = 256, rounds: int = 3) -
     nbytes = pages * 2 * 2**20
     return {key: {"path": paths[key], "median_GBps": round(nbytes / statistics.median(v) / 1e6, 2),
                   "min_GBps": round(nbytes / max(v) / 1e6, 2), "max_GBps": round(nbytes / min(v) / 1e6, 2)} for key, v in times.items()}
+
+
+def _uva_available() -> bool:
+    """Whether KVMemory's UVA gather kernel runs here: a 1-page restore that may use it does."""
+    mem = _mem(1, 16, 2.0, pool=4)
+    mem.restore([0], [0])
+    return mem.last_path == "uva"
 
 
 class Gemv:
@@ -223,9 +230,9 @@ def main(path: str) -> None:
             under.append(_timed_on(side, lambda: mem.restore(src, dst)))
             comp.append(c)
             torch.cuda.synchronize()
-        # copies only (no scatter): the DMA under compute
-        buf = mem._stage_in[0]
-        rows = buf.shape[0]
+        # copies only (no scatter): the DMA under compute, into a buffer of one staging chunk's rows
+        rows = min(mem.chunk_pages, mem.l2.shape[0]) * mem.lanes
+        buf = torch.empty(rows, mem.l1_rows.shape[1], dtype=mem.l1_rows.dtype, device="cuda")
 
         def dma_only():
             for lo in range(0, pages * mem.lanes, rows):
@@ -281,7 +288,7 @@ def main(path: str) -> None:
     del mem
     torch.cuda.empty_cache()
     # scattered 1-page runs: DMA vs UVA
-    out["uva_kernel_available"] = _uva_kernel() is not None
+    out["uva_kernel_available"] = _uva_available()
     rng = random.Random(0)
     for uva in (0.0, 2.0):
         mem = _mem(256, 16, uva)

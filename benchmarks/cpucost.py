@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench.harness import GcClock, NullRunner, close_runtime, make_runtime, set_runner, steady_gc
-from cacheruntime.bench.report import Row
+from benchmarks.harness import GcClock, NullRunner, close_runtime, make_runtime, steady_gc
+from benchmarks.hooks import to_device
+from benchmarks.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan
-from cacheruntime.runtime.streams import to_device
 
 SECTION = "cpu"
 
@@ -126,9 +126,8 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
         with guard(SECTION, f"B={batch}"):
             max_tokens = -(-total // ps) * ps + ps
             pages = batch * (max_tokens // ps) + 8
-            rt = make_runtime(args, device, tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0)
+            rt = make_runtime(args, device, NullRunner(device), tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0)
             try:
-                set_runner(rt, NullRunner(device))
                 requests = [rt.open_request() for _ in range(batch)]
                 if args.cpu_context:
                     rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * args.cpu_context) for r in requests))))

@@ -1,6 +1,6 @@
 """The ITL workload under each D2H issue point and throttle, side by side in one run (diagnostics).
 
-`python -m cacheruntime.bench.itlvariants OUT.json`: the bench's itl measurement (same
+`python -m benchmarks.diagnostics.itlvariants OUT.json`: the bench's itl measurement (same
 workload, same defaults as `cacheruntime bench --only itl`) for every `d2h_issue` of
 `LocalGPURuntime` with the default 32 MiB throttle, and for "after_compute" with 8 MiB
 pieces; then each issue point again with the UVA copy kernel off (every copy on the copy
@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench import add_arguments, resolve
-from cacheruntime.bench.itl import _measure
-from cacheruntime.runtime.local import D2H_ISSUE_POINTS
+from benchmarks import add_arguments, hooks, resolve
+from benchmarks.itl import _measure
 
 
 def main(path: str) -> None:
@@ -27,16 +26,16 @@ def main(path: str) -> None:
     add_arguments(parser)
     args = resolve(parser.parse_args([]), torch.cuda.is_available())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    variants = [(issue, 32 << 20, True) for issue in D2H_ISSUE_POINTS] + [("after_compute", 8 << 20, True)]
-    variants += [(issue, 32 << 20, False) for issue in D2H_ISSUE_POINTS]
+    variants = [(issue, 32 << 20, True) for issue in hooks.D2H_ISSUE_POINTS] + [("after_compute", 8 << 20, True)]
+    variants += [(issue, 32 << 20, False) for issue in hooks.D2H_ISSUE_POINTS]
     out = {}
     for issue, budget, uva in variants:
         memory: list[Any] = []
 
         def setup(runtime: Any, uva: bool = uva) -> None:
-            memory.append(runtime._memory)
+            memory.append(hooks.memory(runtime))
             if not uva:
-                runtime._memory.uva_max_run = 0.0  # every copy on the copy engines
+                memory[-1].uva_max_run = 0.0  # every copy on the copy engines
 
         quiet, busy, detail = _measure(args, device, {"d2h_issue": issue, "d2h_bytes_per_batch": budget}, setup)
         name = f"{issue}/{budget >> 20}MiB/{'uva' if uva else 'dma'}"

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench.decode import Decode, timed
-from cacheruntime.bench.harness import GcClock, allocator_counts, counts_since, steady_gc
-from cacheruntime.bench.report import Row
+from benchmarks.decode import Decode, timed
+from benchmarks.harness import GcClock, allocator_counts, counts_since, steady_gc
+from benchmarks.report import Row
 from cacheruntime.protocol import Backup, BatchPlan, Drop
 
 SECTION = "itl"
@@ -105,7 +105,7 @@ def steps(d: Decode, n: int, wb: WriteBack | None, split: dict[str, float] | Non
 
 def _compute_ms(d: Decode, n: int, wb: WriteBack | None, split: dict[str, float], gpu: list[float]) -> list[float]:
     """`steps`, recording each batch's compute GPU time (CUDA events of the bench model) into `gpu`."""
-    runner = d.rt._runner
+    runner = d.runner
     runner.marks = [] if d.device.type == "cuda" else None
     try:
         times = steps(d, n, wb, split)

@@ -1,4 +1,4 @@
-"""Where the boundary's host time goes (diagnostics, not table rows): `python -m cacheruntime.bench.hostprof OUT_DIR [DEVICE]`.
+"""Where the boundary's host time goes (diagnostics, not table rows): `python -m benchmarks.diagnostics.hostprof OUT_DIR [DEVICE]`.
 
 The bench's rows say how long a call takes; this says why, on the machine that runs it:
 
@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench.cpucost import CALLS, DirectPools, timed_step
-from cacheruntime.bench.harness import GcClock, NullRunner, close_runtime, make_runtime, set_runner
+from benchmarks.cpucost import CALLS, DirectPools, timed_step
+from benchmarks.harness import GcClock, NullRunner, close_runtime, make_runtime
+from benchmarks.hooks import KVMemory
 from cacheruntime.protocol import BatchItem, BatchPlan
 
 
@@ -48,10 +49,9 @@ def decode_step(device: torch.device, batch: int, steps: int, report: list[str])
     args = SimpleNamespace(seed=0)
     max_tokens = -(-(context + 4 * steps + 64) // ps) * ps + ps
     pages = batch * (max_tokens // ps) + 8
-    rt = make_runtime(args, device, tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0)
+    rt = make_runtime(args, device, NullRunner(device), tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0)
     out: dict[str, Any] = {"batch": batch, "steps": steps}
     try:
-        set_runner(rt, NullRunner(device))
         requests = [rt.open_request() for _ in range(batch)]
         rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * context) for r in requests))))
         plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
@@ -114,8 +114,6 @@ def decode_step(device: torch.device, batch: int, steps: int, report: list[str])
 
 
 def restore_issue(device: torch.device, report: list[str]) -> dict[str, Any]:
-    from cacheruntime.runtime.pools import KVMemory
-
     pages = 384
     mem = KVMemory(device=device, l1_pages=4 * pages, l2_pages=pages + 8, page_size=16, layers=32, heads=8, head_dim=128, dtype=torch.bfloat16)
     rng = random.Random(0)

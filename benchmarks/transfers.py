@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from cacheruntime.bench.harness import (
+from benchmarks import hooks
+from benchmarks.harness import (
     Clock,
     bench_runner,
     close_runtime,
@@ -27,9 +28,8 @@ from cacheruntime.bench.harness import (
     make_runtime,
     median,
     scattered_runs,
-    set_runner,
 )
-from cacheruntime.bench.report import Row
+from benchmarks.report import Row
 from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Demote, Drop, Restore, Tier
 
 SECTION = "transfer"
@@ -52,12 +52,12 @@ def _page_size(args: Any, device: torch.device, clock: Clock, rows: list[Row], g
     pages = -(-pages // longest) * longest  # whole runs of every length
     nbytes = pages * page_bytes
     pool = 2 * pages + 2 * longest
-    rt = make_runtime(args, device, page_size=page_size, max_requests=2, max_request_tokens=pages * page_size, l1_pages=pool, l2_pages=pool)
+    runner = bench_runner(args, device, read_context=False, max_new_tokens=min(pages * page_size, 4096))
+    rt = make_runtime(args, device, runner, page_size=page_size, max_requests=2, max_request_tokens=pages * page_size, l1_pages=pool, l2_pages=pool)
     try:
-        set_runner(rt, bench_runner(args, device, rt, read_context=False, max_new_tokens=min(pages * page_size, 4096)))
         base_h2d, base_d2h = _baselines(args, device, clock, nbytes)
         rng = random.Random(args.seed)
-        mem = rt._memory
+        mem = hooks.memory(rt)
         for run_len in args.runs:
             with guard(SECTION, f"page_size={page_size} run={run_len}"):
                 _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, base_h2d, base_d2h, rng)

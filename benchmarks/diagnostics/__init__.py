@@ -1,0 +1,1 @@
+"""One-off diagnostics behind the bench's numbers (not table rows): each runs as `python -m benchmarks.diagnostics.NAME`."""

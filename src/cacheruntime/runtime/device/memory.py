@@ -78,7 +78,7 @@ class KVMemory:
         self.cuda = device.type == "cuda"
         self.chunk_pages = max(1, chunk_bytes // self.page_bytes)
         # One DMA moves at most `dma_bytes` (default: a whole chunk). Smaller pieces were
-        # measured on an H200 (bench/diag.py): they did not shorten a small read's wait behind
+        # measured on an H200 (benchmarks/diagnostics/diag.py): they did not shorten a small read's wait behind
         # a large D2H and cost host time per copy, so the default keeps one copy per run.
         self.dma_rows = max(self.lanes, (dma_bytes // self.page_bytes) * self.lanes)
         # Page lists of small pages (<= `uva_max_page_bytes`) whose mean run of consecutive

@@ -156,7 +156,7 @@ class on_stream:  # noqa: N801 (used like torch.cuda.stream, which it replaces)
     """`with on_stream(s):` makes the CUDA stream `s` current for the block, as `torch.cuda.stream(s)`.
 
     `torch.cuda.stream` is Python that looks the device up several times per use (tens of
-    microseconds on an H200 host, measured by `bench/hostprof.py`), and the runtime switches
+    microseconds on an H200 host, measured by `benchmarks/diagnostics/hostprof.py`), and the runtime switches
     streams a few times per batch and per transfer chunk. This sets and restores the
     current stream with the two calls that context manager ends in. Where torch lacks them,
     or `s` is not on the current device, it is `torch.cuda.stream(s)` itself. One object

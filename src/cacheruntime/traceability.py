@@ -13,7 +13,8 @@ check looks in the artifact's files for a definition of it:
 | Z3 | `src/cacheruntime/z3check*` | the name appears |
 
 It also fails if an id of the design brief's catalogue has no row. Run it as
-`cacheruntime trace`; the test suite runs it too.
+`cacheruntime trace`; the test suite runs it too. `cacheruntime trace` also runs the
+glossary check (`cacheruntime.glossary`: every name of `spec/glossary.md` exists).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+
+from cacheruntime import glossary
 
 #: The ids the design brief catalogues; every one must have a row.
 CATALOGUE = ("H1", "H2", "H3", "R1", "R2", "R3", "R4", "E1", "E2", "E3", "E4", "O1", "O2", "O3", "O4", "B1", "B2", "D1")
@@ -114,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     root = args.root or repository_root()
-    problems = check(root)
+    problems = check(root) + glossary.check(root)
     rows = read_matrix(root / "spec" / "invariants.md") if (root / "spec" / "invariants.md").exists() else {}
     for problem in problems:
         print(f"FAIL {problem}")

@@ -174,12 +174,9 @@ def _complete(rows: list[Row], column: str, corpus: Corpus) -> list[str]:
         top = min((_indent(line) for line in lines), default=0)
         fields = [m.group(1) for line in lines if _indent(line) == top and (m := re.match(r"\s*(\w+)\s*:", line))]
         problems += [
-            f"{GLOSSARY}: {column} field `{record}.{f}` ({corpus.where}) has no row"
-            for f in fields
-            if f"{record}.{f}" not in named and not f.startswith("_")
+            f"{GLOSSARY}: {column} field `{record}.{f}` ({corpus.where}) has no row" for f in fields if f"{record}.{f}" not in named and not f.startswith("_")
         ]
     return problems
-
 
 
 def _indent(line: str) -> int:

@@ -138,10 +138,9 @@ class Step:
 
 #: The variables of `tla/CacheRuntime.tla`, in the order of its `vars` tuple: `project`
 #: gives one value for each. Named as the model's record fields (spec/glossary.md).
-VARIABLES = (
-    "epoch", "generation", "live", "pages", "numTokens", "holders", "versions", "state1", "phys1", "state2", "phys2",
-    "nextPage", "free1", "free2", "deferred1", "deferred2", "tags1", "tags2", "extents", "nextExtent", "batches",
-    "nextBatch", "transfers", "inflight", "nextTransfer", "unreported", "nextVersion",
+VARIABLES = tuple(
+    "epoch generation live pages numTokens holders versions state1 phys1 state2 phys2 nextPage free1 free2 deferred1"
+    " deferred2 tags1 tags2 extents nextExtent batches nextBatch transfers inflight nextTransfer unreported nextVersion".split()
 )
 
 

@@ -57,17 +57,17 @@ TLA_DIR = specfiles.tla_dir()
 class Bounds:
     """The constants of the trace model (and of the Python model the traces run on)."""
 
-    NSlots: int = 3
-    NL1: int = 6
-    NL2: int = 4
-    MaxRowTokens: int = 4
+    MaxRequests: int = 3
+    L1Pages: int = 6
+    L2Pages: int = 4
+    MaxRequestTokens: int = 4
     MaxNames: int = 14
     MaxExtents: int = 8
     MaxBatches: int = 10
     MaxTransfers: int = 8
-    MaxGen: int = 6
+    MaxGeneration: int = 6
     MaxEpoch: int = 2
-    MaxRef: int = 3
+    MaxRefcount: int = 3
 
     def cfg_constants(self) -> str:
         return "\n".join(f"    {k} = {v}" for k, v in self.__dict__.items())
@@ -138,6 +138,14 @@ class Step:
         return f'[op |-> "{self.op}", args |-> {tla(self.args)}, ok |-> {tla(self.ok)}, post |-> {post}]'
 
 
+#: The variables of `tla/CacheRuntime.tla`, in the order of its `vars` tuple: `project`
+#: gives one value for each. Named as the model's record fields (spec/glossary.md).
+VARIABLES = tuple(
+    "epoch generation live pages numTokens holders versions state1 phys1 state2 phys2 nextPage free1 free2 deferred1"
+    " deferred2 tags1 tags2 extents nextExtent batches nextBatch transfers inflight nextTransfer unreported nextVersion".split()
+)
+
+
 def project(model: ReferenceModel, b: Bounds) -> str:
     """The model's state as the TLA+ tuple `vars` of CacheRuntime.tla."""
     st = model.state
@@ -159,22 +167,22 @@ def project(model: ReferenceModel, b: Bounds) -> str:
     for bid in range(b.MaxBatches):
         rec = st.batches.get(bid)
         if rec is None:
-            batches.append({"st": "none", "items": (), "start": (), "end": ()})
+            batches.append({"state": "none", "slots": (), "startTokens": (), "ends": ()})
         else:
             slots = tuple(item.request.slot_id for item in rec.plan.items)
             batches.append({
-                "st": rec.state,
-                "items": slots,
-                "start": tuple(rec.start_tokens[s] for s in slots),
-                "end": tuple(rec.end_tokens[s] for s in slots),
+                "state": rec.state,
+                "slots": slots,
+                "startTokens": tuple(rec.start_tokens[s] for s in slots),
+                "ends": tuple(rec.end_tokens[s] for s in slots),
             })
     transfers = []
     for tid in range(b.MaxTransfers):
         t = st.transfers.get(tid)
         if t is None:
-            transfers.append({"kind": "none", "moves": (), "waits": set()})
+            transfers.append({"kind": "none", "pages": (), "waitsFor": set()})
         else:
-            transfers.append({"kind": t.kind.value, "moves": tuple(tuple(m) for m in t.pages), "waits": set(t.waits_for)})
+            transfers.append({"kind": t.kind.value, "pages": tuple(tuple(m) for m in t.pages), "waitsFor": set(t.waits_for)})
     values = [
         st.epoch,
         f0(s.generation for s in st.slots),
@@ -195,7 +203,7 @@ def project(model: ReferenceModel, b: Bounds) -> str:
         f0(c[0] for c in pools[Tier.L1].content),
         f0(c[0] for c in pools[Tier.L2].content),
         tuple(
-            {"ref": st.extents[g].refcount, "pages": tuple(st.extents[g].pages)} if g in st.extents else {"ref": 0, "pages": ()}
+            {"refcount": st.extents[g].refcount, "pages": tuple(st.extents[g].pages)} if g in st.extents else {"refcount": 0, "pages": ()}
             for g in range(1, b.MaxExtents + 1)
         ),
         st.next_extent,
@@ -207,6 +215,7 @@ def project(model: ReferenceModel, b: Bounds) -> str:
         tuple(c.ticket.transfer_id for c in st.unreported),
         st.next_version,
     ]
+    assert len(values) == len(VARIABLES), "one value per variable, in the order of VARIABLES"
     return tla(tuple(values))
 
 
@@ -219,8 +228,8 @@ def in_bounds(model: ReferenceModel, b: Bounds) -> bool:
         and st.next_batch <= b.MaxBatches
         and st.next_transfer <= b.MaxTransfers
         and st.epoch <= b.MaxEpoch
-        and all(s.generation <= b.MaxGen for s in st.slots)
-        and all(e.refcount <= b.MaxRef for e in st.extents.values())
+        and all(s.generation <= b.MaxGeneration for s in st.slots)
+        and all(e.refcount <= b.MaxRefcount for e in st.extents.values())
     )
 
 
@@ -232,10 +241,10 @@ class TraceRecorder:
         self.model = model or ReferenceModel(
             runtime_id="model",
             page_size=1,
-            max_requests=bounds.NSlots,
-            max_request_tokens=bounds.MaxRowTokens,
-            l1_pages=bounds.NL1,
-            l2_pages=bounds.NL2,
+            max_requests=bounds.MaxRequests,
+            max_request_tokens=bounds.MaxRequestTokens,
+            l1_pages=bounds.L1Pages,
+            l2_pages=bounds.L2Pages,
         )
         self.steps: list[Step] = []
 

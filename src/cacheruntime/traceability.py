@@ -16,7 +16,8 @@ The files are this checkout's, `--repo DIR`'s, or (installed from a wheel) the c
 spec/ and tla/ in the wheel beside the installed package's sources (cacheruntime.specfiles).
 
 It also fails if an id of the design brief's catalogue has no row. Run it as
-`cacheruntime trace`; the test suite runs it too.
+`cacheruntime trace`; the test suite runs it too. `cacheruntime trace` also runs the
+glossary check (`cacheruntime.glossary`: every name of `spec/glossary.md` exists).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import argparse
 import re
 from pathlib import Path
 
-from cacheruntime import specfiles
+from cacheruntime import glossary, specfiles
 
 #: The ids the design brief catalogues; every one must have a row.
 CATALOGUE = ("H1", "H2", "H3", "R1", "R2", "R3", "R4", "E1", "E2", "E3", "E4", "O1", "O2", "O3", "O4", "B1", "B2", "D1")
@@ -118,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     root = repository_root(args.repo)
-    problems = check(root)
+    problems = check(root) + glossary.check(root)
     rows = read_matrix(root / "spec" / "invariants.md") if (root / "spec" / "invariants.md").exists() else {}
     for problem in problems:
         print(f"FAIL {problem}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cacheruntime.control.tree import Acquired, Node, TreeCore, WritePolicy
 from cacheruntime.control.workload import RequestSpec, Source
@@ -34,6 +35,7 @@ from cacheruntime.protocol import (
     Publish,
     Release,
     RequestRuntimeHandle,
+    RuntimeInfo,
     RuntimeInterface,
     Tier,
     TransferCompletion,
@@ -56,12 +58,12 @@ class BoundaryCounter:
         self._runtime = runtime
         self.calls: Counter[str] = Counter()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._runtime, name)
         if name not in STEP_CALLS | TREE_AND_REQUEST_CALLS:
             return attribute
 
-        def counted(*args, **kwargs):
+        def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] += 1
             return attribute(*args, **kwargs)
 
@@ -91,7 +93,7 @@ class Stats:
     batches: int = 0
     steps: int = 0
     out_of_pages: int = 0
-    step_calls: Counter = field(default_factory=Counter)  # calls in a step -> how many steps
+    step_calls: Counter[int] = field(default_factory=Counter)  # calls in a step -> how many steps
 
 
 class _Running:
@@ -152,7 +154,7 @@ class Scheduler:
         on_token: Callable[[str, tuple[int, ...], int | None], None] | None = None,
     ):
         self.runtime = BoundaryCounter(runtime)
-        self.info = self.runtime.info()
+        self.info: RuntimeInfo = self.runtime.info()
         l2 = self.info.l2_pages if Capability.L2 in self.info.capabilities else 0
         self.tree = TreeCore(self.runtime, page_size=self.info.page_size, l2_pages=l2, write_policy=write_policy)
         self.source = source
@@ -290,7 +292,8 @@ class Scheduler:
         ladder += ["evict now", "evict now"]  # the second pass takes what the first one's wait unblocked
         while True:
             try:
-                return self.runtime.prepare_batch(batch.plan)
+                handle: PreparedBatchHandle = self.runtime.prepare_batch(batch.plan)
+                return handle
             except OutOfPages as error:
                 if error.tier is not Tier.L1:
                     raise
@@ -307,6 +310,7 @@ class Scheduler:
 
     def _execute_ahead(self) -> None:
         batch, self.ahead = self.ahead, None
+        assert batch is not None, "called only with a batch ahead"
         completion = self.runtime.execute_batch(batch.handle)
         self.stats.batches += 1
         self._complete(batch, completion)
@@ -337,8 +341,10 @@ class Scheduler:
                 raise AssertionError(f"{r.spec.request_id}: runtime row has {result.num_tokens} tokens, control expects {len(r.tokens)}")
             if self.on_token is not None:
                 self.on_token(r.spec.request_id, tuple(r.tokens), result.next_token)
-            r.tokens.append(result.next_token)
-            r.outputs.append(result.next_token)
+            token = result.next_token
+            assert token is not None, "rows grow by sampled tokens: the runtime must compute (the model and LocalGPURuntime do)"
+            r.tokens.append(token)
+            r.outputs.append(token)
             self.stats.generated_tokens += 1
         closing = {id(r) for r in batch.closes}
         for (r, first, count), ref in zip(batch.publishes, completion.published, strict=True):

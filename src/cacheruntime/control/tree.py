@@ -27,7 +27,7 @@ Intent lifecycle, which is what keeps the tree and the runtime in step:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -69,12 +69,18 @@ class Node:
         self.l2 = False  # a host copy exists or a Backup for it was queued
         self.in_flight = 0  # pins, intents handed out and not applied, backups not completed: no split
         self.demoting = False  # a Demote was handed out and has not applied: no match
-        self.queued: Intent | None = None  # a cancellable Demote/Release waiting in the outbox
+        self.queued: Demote | Release | None = None  # a cancellable Demote/Release waiting in the outbox
 
     @property
     def pages(self) -> int:
         """Pages of this node (0 for the root)."""
         return 0 if self.extent is None else self.extent.page_count
+
+    @property
+    def ref(self) -> CacheExtentRef:
+        """The extent ref of a node below the root (only the root has none)."""
+        assert self.extent is not None, "the root holds no extent"
+        return self.extent
 
     def path(self) -> list[Node]:
         """The nodes from the root's child down to this node (empty for the root)."""
@@ -125,7 +131,7 @@ class TreeCore:
         self.root = Node((), None, None)
         self.clock = 0
         self.l2_used = 0  # host pages the tree's nodes hold once every queued intent applied
-        self.outbox: list[Intent] = []
+        self.outbox: list[Backup | Demote | Release] = []  # the only intents the tree states
         self.by_generation: dict[int, Node] = {}
 
     # -- views for the policy ---------------------------------------------------------
@@ -139,7 +145,7 @@ class TreeCore:
             stack.extend(reversed(list(node.children.values())))
         return out
 
-    def _view(self, nodes: list[Node], in_l1, pseudo_lock=lambda node: False) -> policy.TreeView:
+    def _view(self, nodes: list[Node], in_l1: Callable[[Node], object], pseudo_lock: Callable[[Node], bool] = lambda node: False) -> policy.TreeView:
         index = {id(node): i for i, node in enumerate(nodes)}
         return policy.TreeView(
             parent=tuple(0 if n.parent is None else index[id(n.parent)] for n in nodes),
@@ -206,12 +212,12 @@ class TreeCore:
         restores = []
         for node in path:
             if not node.l1:
-                restores.append(Restore(node.extent))
+                restores.append(Restore(node.ref))
                 node.l1 = True
             node.in_flight += 1
         if path:
             self.lock(match.node)
-        return Acquired(match.node, tuple(n.extent for n in path), tuple(restores), tuple(path))
+        return Acquired(match.node, tuple(n.ref for n in path), tuple(restores), tuple(path))
 
     def unpin(self, acquired: Acquired) -> None:
         """The plan naming the acquired refs was prepared: they may be split again."""
@@ -286,11 +292,12 @@ class TreeCore:
 
     def _split(self, node: Node, at_page: int) -> Node:
         """Split `node` after `at_page` pages; the new head becomes its parent (and inherits its state)."""
-        old = node.extent
+        old, parent = node.ref, node.parent
+        assert parent is not None, "the root is never split"
         head_ref, tail_ref = self.runtime.split(old, at_page)
-        head = Node(node.key[: at_page * self.page_size], head_ref, node.parent)
+        head = Node(node.key[: at_page * self.page_size], head_ref, parent)
         head.lock_ref, head.last_access, head.l1, head.l2 = node.lock_ref, node.last_access, node.l1, node.l2
-        node.parent.children[self._page_key(head.key, 0)] = head
+        parent.children[self._page_key(head.key, 0)] = head
         node.key, node.extent, node.parent = node.key[at_page * self.page_size :], tail_ref, head
         head.children[self._page_key(node.key, 0)] = node
         del self.by_generation[old.generation]
@@ -339,14 +346,14 @@ class TreeCore:
         if not victim.l2 and self.l2_capacity and self._make_l2_room(victim.pages):
             self._queue_backup(victim)
         if victim.l2:
-            intent: Intent = Demote(victim.extent)
+            intent: Demote | Release = Demote(victim.ref)
         else:
             below = self._subtree(victim)[1:]
             if any(n.in_flight or isinstance(n.queued, Demote) for n in below):
                 return False  # a backup or demote on its way: release after it has landed
             for node in reversed(below):
                 self._remove(node)
-            intent = Release(victim.extent)
+            intent = Release(victim.ref)
         victim.l1 = False
         victim.queued = intent
         self.outbox.append(intent)
@@ -355,7 +362,7 @@ class TreeCore:
     def _queue_backup(self, node: Node) -> None:
         node.l2 = True
         self.l2_used += node.pages
-        self.outbox.append(Backup(node.extent))
+        self.outbox.append(Backup(node.ref))
 
     def _make_l2_room(self, pages: int) -> bool:
         """Release host-only leaves (leaf-first LRU) until `pages` more host pages fit."""
@@ -386,12 +393,13 @@ class TreeCore:
         already_queued = isinstance(node.queued, Release)
         self._detach(node)
         if not already_queued:
-            self.outbox.append(Release(node.extent))
+            self.outbox.append(Release(node.ref))
 
     def _detach(self, node: Node) -> None:
         assert not node.in_flight, "a node whose ref is in flight stays in the tree"
+        assert node.parent is not None, "the root is never detached"
         del node.parent.children[self._page_key(node.key, 0)]
-        del self.by_generation[node.extent.generation]
+        del self.by_generation[node.ref.generation]
         if node.l2:
             self.l2_used -= node.pages
         node.queued = None

@@ -104,7 +104,8 @@ def synthetic(config: SyntheticConfig) -> ChainedSource:
         return tuple(rng.randrange(config.vocab) for _ in range(n))
 
     systems = [tokens(config.system_tokens) for _ in range(config.system_prompts)]
-    roots, follow_ups = [], []
+    roots: list[RequestSpec] = []
+    follow_ups: list[FollowUp] = []
     conversation = 0
     while len(roots) + len(follow_ups) < config.requests:
         system = systems[rng.randrange(len(systems))]

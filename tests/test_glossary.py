@@ -177,7 +177,7 @@ def test_a_field_missing_from_the_ledger_is_reported_with_its_row(tree):
     _edit(tree / "src/cacheruntime/runtime/ledger/records.py", "    tags: list\n", "    believed: list\n")
     problems = glossary.check(tree)
     line = next(r.line for r in glossary.read_rows(tree / glossary.GLOSSARY) if "Pool.tags" in r.names("runtime"))
-    assert any(f"spec/glossary.md:{line} " in p and "runtime" in p and "`Pool.tags` not found in src/cacheruntime/runtime/ledger" in p for p in problems), (
+    assert any(f"spec/glossary.md:{line} " in p and "runtime" in p and "`Pool.tags` not found in src/cacheruntime/runtime/local.py, src/cacheruntime/runtime/ledger" in p for p in problems), (
         problems
     )
     assert any("runtime field `Pool.believed`" in p and "has no row" in p for p in problems), problems
@@ -211,10 +211,10 @@ def test_a_tla_variable_without_a_row_is_reported(tree):
 def test_a_missing_ledger_fails(tree):
     shutil.rmtree(tree / "src/cacheruntime/runtime/ledger")
     problems = glossary.check(tree)
-    assert any(p.startswith("runtime: no files at src/cacheruntime/runtime/ledger/") for p in problems), problems
+    assert any(p.startswith("runtime: no files at src/cacheruntime/runtime/local.py, src/cacheruntime/runtime/ledger/") for p in problems), problems
 
 
 def test_cacheruntime_trace_runs_the_glossary_check(tree, capsys):
     _edit(tree / "spec" / "protocol.md", "deferred free", "delayed free")
-    assert traceability.main(argparse.Namespace(root=tree)) == 1
+    assert traceability.main(argparse.Namespace(repo=tree)) == 1
     assert "`deferred free` not found in spec/protocol.md" in capsys.readouterr().out

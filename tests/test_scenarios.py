@@ -1,4 +1,4 @@
-"""Replays of the twelve hard scenarios of shared/scenarios.md on the reference model.
+"""Replays of the twelve hard scenarios of spec/scenarios.md on the reference model.
 
 Each test asserts the answer spec/protocol.md §7 gives. Failing calls are checked to
 raise exactly the named error and to change nothing (model state and probe()).

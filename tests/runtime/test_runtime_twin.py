@@ -1,6 +1,6 @@
 """The runtime and the reference model, given the same calls, give the same results and states.
 
-Scenarios 1-10 of `shared/scenarios.md` are replayed through a `Twin` (every result, error
+Scenarios 1-10 of `spec/scenarios.md` are replayed through a `Twin` (every result, error
 type and abstract state compared after every call), with transfers slowed by the delay
 knob where the scenario is about work in flight. A seeded random walk then covers the
 combinations no scenario names.

@@ -20,7 +20,6 @@ from cacheruntime.protocol import (
     BatchItem,
     BatchPlan,
     BatchState,
-    CacheExtentRef,
     Capability,
     Close,
     CopyState,
@@ -53,7 +52,6 @@ from cacheruntime.protocol import (
     WouldLoseData,
     tag_digest,
 )
-
 
 # --------------------------------------------------------------------------------------
 # 4.1 info

@@ -7,8 +7,8 @@ method of one of the model's sections (`cacheruntime.model`) or an operation.
 
 from __future__ import annotations
 
-from cacheruntime.conformance.selftest import ModelRuntime, model_runtime
 from cacheruntime import pageruns
+from cacheruntime.conformance.selftest import ModelRuntime, model_runtime
 from cacheruntime.model import Batch, Extent, ReferenceModel
 from cacheruntime.protocol import (
     BatchCompletion,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import attrs
 
 from cacheruntime import protocol
-from cacheruntime.protocol import AbstractState, CopyState, RequestRuntimeHandle, Tier, TransferKind
+from cacheruntime.protocol import AbstractState, BatchState, CopyState, RequestRuntimeHandle, Tier, TransferKind
 
 Violations = list[str]
 
@@ -177,7 +177,7 @@ def O4_execute_once(before: AbstractState, after: AbstractState) -> Violations:
     return [
         f"batch {b.batch_id}: {b.state} became {new.get(b.batch_id)}"
         for b in before.batches
-        if b.state != "prepared" and new.get(b.batch_id) != b.state
+        if b.state != BatchState.PREPARED and new.get(b.batch_id) != b.state
     ]
 
 

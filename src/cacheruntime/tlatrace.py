@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cacheruntime import specfiles
-from cacheruntime.model import ReferenceModel
+from cacheruntime.model import Batch, ReferenceModel
 from cacheruntime.protocol import (
     Backup,
     BatchItem,
@@ -146,8 +146,12 @@ VARIABLES = tuple(
 )
 
 
-def project(model: ReferenceModel, b: Bounds) -> str:
-    """The model's state as the TLA+ tuple `vars` of CacheRuntime.tla."""
+def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str:
+    """The model's state as the TLA+ tuple `vars` of CacheRuntime.tla.
+
+    `prepared` holds every batch of the epoch as it was prepared: the spec keeps a finished
+    batch's items and lengths, the model only its outcome (`State.finished`).
+    """
     st = model.state
     pages = st.pages
 
@@ -165,16 +169,15 @@ def project(model: ReferenceModel, b: Bounds) -> str:
     pools = {tier: st.pools[tier] for tier in Tier}
     batches = []
     for bid in range(b.MaxBatches):
-        rec = st.batches.get(bid)
+        rec = prepared[bid] if bid in st.batches or bid in st.finished else None
         if rec is None:
             batches.append({"state": "none", "slots": (), "startTokens": (), "ends": ()})
         else:
-            slots = tuple(item.request.slot_id for item in rec.plan.items)
             batches.append({
-                "state": rec.state,
-                "slots": slots,
-                "startTokens": tuple(rec.start_tokens[s] for s in slots),
-                "ends": tuple(rec.end_tokens[s] for s in slots),
+                "state": st.finished[bid][0] if bid in st.finished else rec.state,
+                "slots": rec.slots,
+                "startTokens": rec.start_tokens,
+                "ends": rec.ends,
             })
     transfers = []
     for tid in range(b.MaxTransfers):
@@ -200,8 +203,8 @@ def project(model: ReferenceModel, b: Bounds) -> str:
         tuple(pools[Tier.L2].free),
         f0(set(pools[Tier.L1].deferred.get(p, ())) for p in range(pools[Tier.L1].total)),
         f0(set(pools[Tier.L2].deferred.get(p, ())) for p in range(pools[Tier.L2].total)),
-        f0(c[0] for c in pools[Tier.L1].content),
-        f0(c[0] for c in pools[Tier.L2].content),
+        f0(c[0] for c in pools[Tier.L1].tags),
+        f0(c[0] for c in pools[Tier.L2].tags),
         tuple(
             {"refcount": st.extents[g].refcount, "pages": tuple(st.extents[g].pages)} if g in st.extents else {"refcount": 0, "pages": ()}
             for g in range(1, b.MaxExtents + 1)
@@ -247,6 +250,7 @@ class TraceRecorder:
             l2_pages=bounds.L2Pages,
         )
         self.steps: list[Step] = []
+        self.prepared: dict[int, Batch] = {}  # batch id -> its record as prepared, this epoch
 
     def _do(self, op: str, args: tuple, call, strict: bool = True):
         """Run `call(model)`; keep the step if the model stays in bounds. Returns (ok, result)."""
@@ -261,7 +265,8 @@ class TraceRecorder:
             return False, None
         if ok:
             self.model.check_invariants()
-        self.steps.append(Step(op, args, ok, project(self.model, self.bounds) if ok else None, note=repr(result)[:120]))
+            self.prepared.update(self.model.state.batches)
+        self.steps.append(Step(op, args, ok, project(self.model, self.bounds, self.prepared) if ok else None, note=repr(result)[:120]))
         return ok, result
 
     def _complete_first(self, transfer_ids) -> None:
@@ -394,7 +399,7 @@ def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[
                 batches.append(bh)
         elif op == "execute" and batches:
             st = rec.model.state
-            prepared = [b for b in batches if b.epoch == st.epoch and st.batches[b.batch_id].state == "prepared"]
+            prepared = [b for b in batches if b.epoch == st.epoch and b.batch_id in st.batches]
             rec.execute_batch(pick(batches, prepared, 0.1))
         elif op == "cancel" and batches:
             rec.cancel_batch(rng.choice(batches))

@@ -19,7 +19,7 @@ from cacheruntime.protocol import (
     BatchDependency,
     BatchItem,
     BatchPlan,
-    CacheExtentRef,
+    BatchState,
     Capability,
     Close,
     CopyState,
@@ -52,7 +52,6 @@ from cacheruntime.protocol import (
     WouldLoseData,
     tag_digest,
 )
-
 
 # --------------------------------------------------------------------------------------
 # 4.1 info
@@ -435,6 +434,21 @@ def test_execute_writes_tags_and_returns_results():
     assert m.probe().slots[0].num_tokens == 4
 
 
+def test_batch_records_in_plan_order_then_only_the_outcome():
+    m = new_model()
+    a, b = m.open_request(), m.open_request()
+    compute(m, b, 3)
+    batch = m.prepare_batch(plan(item(b, 2), item(a, 1)))
+    record = m.state.batches[batch.batch_id]
+    assert (record.state, record.slots, record.slot_set) == (BatchState.PREPARED, (1, 0), frozenset({0, 1}))
+    assert (record.starts, record.ends, record.start_tokens, record.requests) == ((3, 0), (5, 1), (3, 0), (b, a))
+    assert not record.one_token
+    done = m.execute_batch(batch)
+    assert batch.batch_id not in m.state.batches
+    assert m.state.finished[batch.batch_id] == (BatchState.EXECUTED, (0, 1))
+    assert [m.state.slots[s].last_output for s in (1, 0)] == [r.next_token for r in done.items]
+
+
 def test_execute_twice_is_already_executed():
     m = new_model()
     h = m.open_request()
@@ -517,7 +531,7 @@ def test_execute_intent_errors_change_nothing(case):
     err = fails(m, exc, m.execute_batch, b)
     if case == "backup_l2_full":
         assert (err.tier, err.needed, err.free) == (Tier.L2, 2, 1)
-    assert next(v for v in m.probe().batches if v.batch_id == b.batch_id).state == "prepared"
+    assert next(v for v in m.probe().batches if v.batch_id == b.batch_id).state is BatchState.PREPARED
 
 
 def test_execute_waits_for_restores_it_reads():
@@ -552,7 +566,7 @@ def test_cancel_undoes_allocation_and_mapping():
     after = m.probe()
     assert after.slots == before.slots and after.pages == before.pages and after.extents == before.extents
     assert free(m, Tier.L1) == 16 - 2
-    assert after.batches[-1].state == "cancelled"
+    assert after.batches[-1].state is BatchState.CANCELLED
     fails(m, RequestBusy, m.prepare_batch, plan(item(g, 0, append=True)))  # the cancelled output is gone
 
 
@@ -590,6 +604,7 @@ def test_publish_coalesces_runs_and_adds_holders():
     compute(m, a, 8)  # a: 4,5 -> wait: 3,4
     x = m.publish(a, 0, 4)
     assert x.page_runs == (PageRun(0, 2), PageRun(3, 2)) and x.page_count == 4
+    assert m.state.extents[x.generation].runs == x.page_runs  # computed once, when the extent is made
     assert m.probe().extents[-1].refcount == 1
     assert [page_view(m, p).holders for p in (0, 1, 3, 4)] == [2, 2, 2, 2]
     assert not B2_plain_values(x)
@@ -681,6 +696,8 @@ def test_submit_backup_then_restore_and_drop():
     (t,) = m.submit((Backup(x),))
     assert (t.kind, t.page_count, t.extent_generation) == (TransferKind.BACKUP, 2, x.generation)
     assert [(p.l1, p.l2) for p in m.probe().pages[:2]] == [(CopyState.VALID, CopyState.FILLING)] * 2
+    moves = m.state.transfers[t.transfer_id].pages
+    assert m.state.transfers[t.transfer_id].touched == {(Tier.L1, src) for _, src, _ in moves} | {(Tier.L2, dst) for _, _, dst in moves}
     (again,) = m.submit((Backup(x),))  # nothing left to move: completes at once
     assert again.page_count == 0
     (r,) = m.submit((Restore(x),))

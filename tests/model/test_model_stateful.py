@@ -794,6 +794,8 @@ class ModelMachine(RuleBasedStateMachine):
         for e in view.extents:
             assert e.pages == expand(self.runs[e.generation])
         assert {b.batch_id: b.state for b in view.batches} == {b: s[0] for b, s in self.bstate.items()}
+        # A row holds exactly the pages its reservation covers: what cancel restores from a batch's start_tokens.
+        assert all(len(s.pages) == ceil_div(s.reserved_tokens, self.ps) for s in view.slots)
         lost = [p.page for p in view.pages if p.l1 is CopyState.ABSENT and p.l2 is CopyState.ABSENT]
         assert not lost, f"pages {lost} have no copy in any tier"
 
@@ -814,38 +816,38 @@ TestModelMachine = ModelMachine.TestCase
 
 
 class FreesAtOneHolder(ReferenceModel):
-    """_drop_holder frees a page when one holder is left (a use after free)."""
+    """drop_holder frees a page when one holder is left (a use after free)."""
 
-    def _drop_holder(self, name):
+    def drop_holder(self, name):
         page = self.state.pages[name]
         page.holders -= 1
         if page.holders <= 1:
             for tier in list(page.copies):
-                self._drop_copy(name, tier)
+                self.drop_copy(name, tier)
             del self.state.pages[name]
 
 
 class NoGenerationCheck(ReferenceModel):
-    """_slot accepts any generation of a live slot (H1: a stale handle acts on the new request)."""
+    """check_slot accepts any generation of a live slot (H1: a stale handle acts on the new request)."""
 
-    def _slot(self, request):
-        self._check_origin("request handle", request.runtime_id, request.epoch)
+    def check_slot(self, request):
+        self.check_origin("request handle", request.runtime_id, request.epoch)
         if not 0 <= request.slot_id < len(self.state.slots) or not self.state.slots[request.slot_id].live:
             raise UnknownHandle("no such live slot")
         return self.state.slots[request.slot_id]
 
 
 class NoDeferredFree(ReferenceModel):
-    """_free_phys frees at once even while a transfer reads or writes the page (O3)."""
+    """free_phys frees at once even while a transfer reads or writes the page (O3)."""
 
-    def _free_phys(self, tier, phys):
+    def free_phys(self, tier, phys):
         self.state.pools[tier].free.append(phys)
 
 
 class ComputeSkipsRestores(ReferenceModel):
     """execute_batch does not wait for the restores its pages need (O1)."""
 
-    def _await_restores(self, pages):
+    def await_restores(self, pages):
         return None
 
 
@@ -853,7 +855,7 @@ class SplitKeepsOldRef(ReferenceModel):
     """split issues the halves but leaves the old ref live (scenario 10)."""
 
     def split(self, extent, at_page):
-        record = self._extent(extent)
+        record = self.check_extent(extent)
         head, tail = ReferenceModel.split.__wrapped__(self, extent, at_page)
         self.state.extents[extent.generation] = record
         return head, tail

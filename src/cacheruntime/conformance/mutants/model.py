@@ -1,16 +1,18 @@
 """Mutants of the model runtime: one broken guard or effect each, named by the invariant it breaks.
 
 Each class overrides the smallest piece of `ModelRuntime` (a reference model with an
-environment clock) that breaks its invariant the way a real runtime bug would.
+environment clock) that breaks its invariant the way a real runtime bug would: a public
+method of one of the model's sections (`cacheruntime.model`) or an operation.
 """
 
 from __future__ import annotations
 
+from cacheruntime import pageruns
 from cacheruntime.conformance.selftest import ModelRuntime, model_runtime
-from cacheruntime.model import Extent, ReferenceModel
+from cacheruntime.model import Batch, Extent, ReferenceModel
 from cacheruntime.protocol import (
-    AlreadyExecuted,
     BatchCompletion,
+    BatchState,
     OutOfPages,
     StaleHandle,
     Tier,
@@ -35,11 +37,10 @@ class StaleGenerationAccepted(_Mutant):
 
     invariant = "H1"
 
-    def _slot(self, request):
-        slot = self.state.slots[request.slot_id] if 0 <= request.slot_id < len(self.state.slots) else None
-        if slot is not None and slot.live and request.epoch == self.state.epoch and request.generation < slot.generation:
-            request = type(request)(request.runtime_id, request.epoch, request.slot_id, slot.generation)
-        return super()._slot(request)
+    def check_generation(self, request, slot):
+        if slot.live and request.generation < slot.generation:
+            return
+        super().check_generation(request, slot)
 
 
 class NoGenerationBumpOnClose(_Mutant):
@@ -47,9 +48,9 @@ class NoGenerationBumpOnClose(_Mutant):
 
     invariant = "H2"
 
-    def _close(self, request, in_batch):
-        super()._close(request, in_batch)
-        self.state.slots[request.slot_id].generation -= 1
+    def close_slot(self, slot):
+        super().close_slot(slot)
+        slot.generation -= 1
 
 
 class DoubleFree(_Mutant):
@@ -57,9 +58,9 @@ class DoubleFree(_Mutant):
 
     invariant = "R4"
 
-    def _free_phys(self, tier, phys):
-        blocked = self._transfers_on(tier, phys)
-        super()._free_phys(tier, phys)
+    def free_phys(self, tier, phys):
+        blocked = self.transfers_on(tier, phys)
+        super().free_phys(tier, phys)
         if not blocked:
             self.state.pools[tier].free.append(phys)
 
@@ -69,8 +70,8 @@ class FreeWhileReferenced(_Mutant):
 
     invariant = "R2"
 
-    def _drop_holder(self, name):
-        super()._drop_holder(name)
+    def drop_holder(self, name):
+        super().drop_holder(name)
         page = self.state.pages.get(name)
         if page is not None and page.holders == 1 and Tier.L1 in page.copies:
             self.state.pools[Tier.L1].free.append(page.copies[Tier.L1].phys)
@@ -81,21 +82,11 @@ class LeakReference(_Mutant):
 
     invariant = "R3"
 
-    def _drop_holder(self, name):
-        if self._releasing:
-            return
-        super()._drop_holder(name)
-
-    _releasing = False
-
-    def _apply_intent(self, intent, batch_id):
-        from cacheruntime.protocol import Release
-
-        self._releasing = isinstance(intent, Release)
-        try:
-            return super()._apply_intent(intent, batch_id)
-        finally:
-            self._releasing = False
+    def release_ref(self, generation):
+        if self.state.extents[generation].refcount > 1:
+            super().release_ref(generation)
+        else:
+            del self.state.extents[generation]
 
 
 class SkipKvReadyWait(_Mutant):
@@ -103,7 +94,7 @@ class SkipKvReadyWait(_Mutant):
 
     invariant = "O1"
 
-    def _await_restores(self, pages):
+    def await_restores(self, pages):
         return None
 
 
@@ -114,10 +105,10 @@ class BackupBeforeCompute(_Mutant):
 
     def prepare_batch(self, plan):
         handle = super().prepare_batch(plan)
-        new = [p for s in self.state.batches[handle.batch_id].end_tokens for p in self.state.slots[s].pages]
+        new = [p for s in self.state.batches[handle.batch_id].slots for p in self.state.slots[s].pages]
         todo = [p for p in dict.fromkeys(new) if Tier.L2 not in self.state.pages[p].copies]
         if todo and len(todo) <= len(self.state.pools[Tier.L2].free):
-            self._start_transfer(TransferKind.BACKUP, 0, todo)
+            self.start_transfer(TransferKind.BACKUP, 0, todo)
         return handle
 
 
@@ -126,7 +117,7 @@ class ReuseInFlight(_Mutant):
 
     invariant = "O3"
 
-    def _free_phys(self, tier, phys):
+    def free_phys(self, tier, phys):
         self.state.pools[tier].free.append(phys)
 
 
@@ -135,15 +126,15 @@ class RestoreBeforeBackup(_Mutant):
 
     invariant = "O3"
 
-    def _transfers_on(self, tier, phys):
-        return set() if self._starting else super()._transfers_on(tier, phys)
+    def transfers_on(self, tier, phys):
+        return set() if self._starting else super().transfers_on(tier, phys)
 
     _starting = False
 
-    def _start_transfer(self, kind, generation, pages):
+    def start_transfer(self, kind, generation, pages):
         self._starting = True
         try:
-            return super()._start_transfer(kind, generation, pages)
+            return super().start_transfer(kind, generation, pages)
         finally:
             self._starting = False
 
@@ -153,16 +144,28 @@ class ExecuteTwice(_Mutant):
 
     invariant = "O4"
 
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.executed: dict[tuple[int, int], Batch] = {}  # (epoch, batch id) -> its record as prepared
+
     def execute_batch(self, batch):
-        record = self.state.batches.get(getattr(batch, "batch_id", None))
-        if record is not None and record.state == "executed" and batch.epoch == self.state.epoch:
-            record.state = "prepared"
+        st = self.state
+        key = (getattr(batch, "epoch", None), getattr(batch, "batch_id", None))
+        outcome = st.finished.get(key[1]) if key[0] == st.epoch else None
+        if outcome is not None and outcome[0] is BatchState.EXECUTED and key in self.executed:
+            del st.finished[key[1]]
+            st.batches[key[1]] = self.executed[key]  # prepared again
             try:
                 return super().execute_batch(batch)
             except Exception:
-                record.state = "executed"
+                del st.batches[key[1]]
+                st.finished[key[1]] = outcome
                 raise
-        return super().execute_batch(batch)
+        record = st.batches.get(key[1]) if key[0] == st.epoch else None
+        done = super().execute_batch(batch)
+        if record is not None:
+            self.executed[key] = record
+        return done
 
 
 class ExecuteOutOfOrder(_Mutant):
@@ -170,18 +173,8 @@ class ExecuteOutOfOrder(_Mutant):
 
     invariant = "O4"
 
-    def execute_batch(self, batch):
-        record = self.state.batches.get(getattr(batch, "batch_id", None))
-        if record is None or record.state != "prepared" or batch.epoch != self.state.epoch:
-            return super().execute_batch(batch)
-        others = {b: r for b, r in self.state.batches.items() if b < batch.batch_id and r.state == "prepared"}
-        for r in others.values():
-            r.state = "parked"
-        try:
-            return super().execute_batch(batch)
-        finally:
-            for r in others.values():
-                r.state = "prepared"
+    def check_execute_order(self, batch_id, record):
+        return None
 
 
 class PerTokenBoundary(_Mutant):
@@ -190,8 +183,9 @@ class PerTokenBoundary(_Mutant):
     invariant = "B1"
 
     def execute_batch(self, batch):
+        record = self.state.batches.get(getattr(batch, "batch_id", None))
         done = super().execute_batch(batch)
-        self.state.calls["write_kv"] += sum(item.new_tokens for item in self.state.batches[batch.batch_id].plan.items)
+        self.state.calls["write_kv"] += sum(item.new_tokens for item in record.plan.items)
         return done
 
 
@@ -240,13 +234,13 @@ class CorruptRestore(_Mutant):
 
     invariant = "D1"
 
-    def _complete(self, transfer_id):
+    def complete_transfer(self, transfer_id):
         tr = self.state.transfers[transfer_id]
-        super()._complete(transfer_id)
+        super().complete_transfer(transfer_id)
         if tr.kind is TransferKind.RESTORE:
             for _, _, dst in tr.pages:
-                content = self.state.pools[Tier.L1].content[dst]
-                content[:] = content[1:] + content[:1]
+                tags = self.state.pools[Tier.L1].tags[dst]
+                tags[:] = tags[1:] + tags[:1]
 
 
 class SplitKeepsParent(_Mutant):
@@ -257,7 +251,7 @@ class SplitKeepsParent(_Mutant):
     def split(self, extent, at_page):
         halves = super().split(extent, at_page)
         pages = self.state.extents[halves[0].generation].pages + self.state.extents[halves[1].generation].pages
-        self.state.extents[extent.generation] = Extent(pages, 1)
+        self.state.extents[extent.generation] = Extent(pages, 1, pageruns.coalesce(pages))
         for page in pages:
             self.state.pages[page].holders += 1
         return halves
@@ -268,9 +262,9 @@ class OldEpochAccepted(_Mutant):
 
     invariant = "H1"
 
-    def _check_origin(self, what, runtime_id, epoch):
+    def check_origin(self, what, runtime_id, epoch):
         try:
-            super()._check_origin(what, runtime_id, epoch)
+            super().check_origin(what, runtime_id, epoch)
         except StaleHandle:
             if epoch >= self.state.epoch:
                 raise
@@ -281,8 +275,8 @@ class DemoteInUse(_Mutant):
 
     invariant = "E1"
 
-    def _row_held(self):
-        return set()
+    def check_demote_unmapped(self, record):
+        return None
 
 
 #: name -> mutant class

@@ -1,0 +1,196 @@
+"""Two-phase batches: prepare (validate, allocate, map, start restores), execute, cancel.
+
+Prepare reserves every row's new length and its pages, so that execute cannot fail for
+want of pages; execute waits for the restores its rows read (O1), writes a new version
+tag per token computed and reads the row back as the item's token (`tag_digest`), then
+applies the plan's intents. Executed and cancelled batches leave only their outcome
+(`State.finished`).
+"""
+
+from __future__ import annotations
+
+from cacheruntime.model.extents import Extents
+from cacheruntime.model.records import Batch
+from cacheruntime.protocol import (
+    AlreadyExecuted,
+    BatchCompletion,
+    BatchDependency,
+    BatchPlan,
+    BatchState,
+    CacheExtentRef,
+    InvalidPlan,
+    ItemResult,
+    NotPrepared,
+    NotResident,
+    OutOfOrder,
+    PreparedBatchHandle,
+    RequestBusy,
+    Restore,
+    RowFull,
+    Tier,
+    TransferTicket,
+    tag_digest,
+)
+
+
+class Batches(Extents):
+    """The section that prepares, executes and cancels batches."""
+
+    max_request_tokens: int
+
+    def prepare(self, plan: BatchPlan) -> PreparedBatchHandle:
+        """PrepareBatch: validate the plan, allocate pages, map prefixes, start restores."""
+        st = self.state
+        if not isinstance(plan, BatchPlan):
+            raise InvalidPlan(f"expected a BatchPlan, got {type(plan).__name__}")
+        if not plan.items:
+            raise InvalidPlan("a plan needs at least one item")
+        for item in plan.items:
+            self.check_slot(item.request)
+            for extent in item.attach:
+                self.check_extent(extent)
+        for intent in plan.intents:
+            self.check_intent_handles(intent)
+        slots = [item.request.slot_id for item in plan.items]
+        if len(set(slots)) != len(slots):
+            raise InvalidPlan("a request appears twice in the plan")
+        batch_id = st.next_batch
+        start_tokens: list[int] = []
+        start_pages: list[int] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        restoring: set[int] = set()
+        for intent in plan.intents:
+            if isinstance(intent, Restore):
+                restoring.update(self.restore_pages(intent.extent))
+        for item in plan.items:
+            slot = st.slots[item.request.slot_id]
+            if item.new_tokens < 1:
+                raise InvalidPlan(f"slot {item.request.slot_id}: an item must compute at least one token")
+            if item.attach and slot.reserved_tokens:
+                raise InvalidPlan(f"slot {item.request.slot_id}: attach is only allowed on an empty row")
+            if item.append_previous_output and slot.produced <= slot.appended:
+                raise RequestBusy(f"slot {item.request.slot_id}: no previous output to append")
+            attached = [p for extent in item.attach for p in st.extents[extent.generation].pages]
+            for page in attached:
+                l1 = st.pages[page].copies.get(Tier.L1)
+                if l1 is None and page not in restoring:
+                    raise NotResident(f"page {page} of an attached extent has no device copy and no restore")
+            end = slot.reserved_tokens + len(attached) * self.page_size + item.new_tokens
+            if end > self.max_request_tokens:
+                raise RowFull(f"slot {item.request.slot_id}: {end} tokens > max_request_tokens {self.max_request_tokens}")
+            start_tokens.append(slot.reserved_tokens)
+            start_pages.append(len(slot.pages))
+            starts.append(end - item.new_tokens)
+            ends.append(end)
+        need = sum(
+            -(-end // self.page_size) - held - sum(e.page_count for e in item.attach)
+            for end, held, item in zip(ends, start_pages, plan.items)
+        )
+        need += len(restoring)
+        self.require_free(Tier.L1, need)
+        for intent in plan.intents:
+            if isinstance(intent, Restore):
+                self.start_restore(intent.extent)
+        for item, end in zip(plan.items, ends):
+            slot = st.slots[item.request.slot_id]
+            for extent in item.attach:
+                for page in st.extents[extent.generation].pages:
+                    st.pages[page].holders += 1
+                    slot.pages.append(page)
+            slot.pages += self.new_pages(-(-end // self.page_size) - len(slot.pages))
+            slot.reserved_tokens = end
+            slot.produced += 1
+            slot.appended += int(item.append_previous_output)
+        st.batches[batch_id] = Batch(
+            plan=plan,
+            state=BatchState.PREPARED,
+            slots=tuple(slots),
+            slot_set=frozenset(slots),
+            starts=tuple(starts),
+            ends=tuple(ends),
+            start_tokens=tuple(start_tokens),
+            requests=tuple(item.request for item in plan.items),
+            one_token=all(item.new_tokens == 1 for item in plan.items),
+        )
+        st.next_batch += 1
+        return PreparedBatchHandle(self.runtime_id, st.epoch, batch_id)
+
+    def check_execute_order(self, batch_id: int, record: Batch) -> None:
+        """OutOfOrder while an earlier prepared batch shares a request (O4)."""
+        for other_id, other in self.state.batches.items():
+            if other_id < batch_id and record.slot_set & other.slot_set:
+                raise OutOfOrder(f"batch {other_id} shares a request with batch {batch_id} and has not executed")
+
+    def check_cancel_order(self, batch_id: int, record: Batch) -> None:
+        """BatchDependency while a later prepared batch shares a request."""
+        for other_id, other in self.state.batches.items():
+            if other_id > batch_id and record.slot_set & other.slot_set:
+                raise BatchDependency(f"batch {other_id} shares a request with batch {batch_id}")
+
+    def finish_batch(self, batch_id: int, state: BatchState) -> None:
+        """The batch is executed or cancelled: only its state and sorted slots are kept."""
+        record = self.state.batches.pop(batch_id)
+        self.state.finished[batch_id] = (state, tuple(sorted(record.slot_set)))
+
+    def execute(self, batch: PreparedBatchHandle) -> BatchCompletion:
+        """ExecuteBatch: wait for the restores compute reads, compute, then apply the intents."""
+        st = self.state
+        state = self.check_batch(batch)
+        if state is BatchState.EXECUTED:
+            raise AlreadyExecuted(f"batch {batch.batch_id} was executed already")
+        if state is BatchState.CANCELLED:
+            raise NotPrepared(f"batch {batch.batch_id} was cancelled")
+        record = st.batches[batch.batch_id]
+        self.check_execute_order(batch.batch_id, record)
+        results = []
+        for slot_id, start, end, request in zip(record.slots, record.starts, record.ends, record.requests):
+            slot = st.slots[slot_id]
+            read_pages = slot.pages[: -(-end // self.page_size)]
+            self.await_restores(read_pages)  # O1: compute waits for KV_READY
+            l1 = st.pools[Tier.L1].tags
+            for position in range(start, end):
+                page = st.pages[slot.pages[position // self.page_size]]
+                page.versions[position % self.page_size] = st.next_version
+                l1[page.copies[Tier.L1].phys][position % self.page_size] = st.next_version
+                st.next_version += 1
+            read = tuple(
+                l1[st.pages[slot.pages[pos // self.page_size]].copies[Tier.L1].phys][pos % self.page_size]
+                for pos in range(end)
+            )
+            slot.num_tokens = end
+            slot.last_output = tag_digest(read)
+            results.append(ItemResult(request, end, slot.last_output))
+        self.finish_batch(batch.batch_id, BatchState.EXECUTED)
+        published: list[CacheExtentRef] = []
+        tickets: list[TransferTicket] = []
+        for intent in record.plan.intents:
+            if isinstance(intent, Restore):
+                continue
+            outcome = self.apply_intent(intent)
+            if isinstance(outcome, CacheExtentRef):
+                published.append(outcome)
+            elif isinstance(outcome, TransferTicket):
+                tickets.append(outcome)
+        return BatchCompletion(batch, tuple(results), tuple(published), tuple(tickets))
+
+    def cancel(self, batch: PreparedBatchHandle) -> None:
+        """CancelBatch: undo the batch's allocations and mappings; started restores go on."""
+        st = self.state
+        state = self.check_batch(batch)
+        if state is BatchState.EXECUTED:
+            raise AlreadyExecuted(f"batch {batch.batch_id} was executed; it cannot be cancelled")
+        if state is BatchState.CANCELLED:
+            raise NotPrepared(f"batch {batch.batch_id} was cancelled already")
+        record = st.batches[batch.batch_id]
+        self.check_cancel_order(batch.batch_id, record)
+        for slot_id, reserved, item in zip(record.slots, record.start_tokens, record.plan.items):
+            slot = st.slots[slot_id]
+            keep = -(-reserved // self.page_size)  # the pages the row held: those its reservation covered
+            for page in slot.pages[keep:]:
+                self.drop_holder(page)
+            del slot.pages[keep:]
+            slot.reserved_tokens = reserved
+            slot.produced -= 1
+            slot.appended -= int(item.append_previous_output)
+        self.finish_batch(batch.batch_id, BatchState.CANCELLED)

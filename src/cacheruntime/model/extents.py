@@ -1,0 +1,148 @@
+"""Extents and intents: publishing row pages, closing rows, references, and applying intents.
+
+An extent is a run of page names with a reference count; each of its pages counts the
+extent as one holder. Intents (Publish, Close, Backup, Demote, Drop, Release) apply
+here, in a plan's order at execute or one by one in `submit`; Restore starts at
+prepare (`cacheruntime.model.batches`).
+"""
+
+from __future__ import annotations
+
+from cacheruntime import pageruns
+from cacheruntime.model.handles import HandleChecks
+from cacheruntime.model.records import Extent, Slot
+from cacheruntime.model.transfers import Transfers
+from cacheruntime.protocol import (
+    Backup,
+    CacheExtentRef,
+    Close,
+    Demote,
+    Drop,
+    ExtentInUse,
+    ExtentShared,
+    Intent,
+    InvalidPageRun,
+    InvalidPlan,
+    NotBackedUp,
+    Publish,
+    Release,
+    RequestBusy,
+    RequestRuntimeHandle,
+    Tier,
+    TransferKind,
+    TransferTicket,
+    WouldLoseData,
+)
+
+
+class Extents(Transfers, HandleChecks):
+    """The section that makes, splits, references and ends extents, and applies intents."""
+
+    def new_extent(self, pages: tuple[int, ...]) -> CacheExtentRef:
+        """A new extent over `pages` with one reference, and its ref."""
+        st = self.state
+        generation, st.next_extent = st.next_extent, st.next_extent + 1
+        runs = pageruns.coalesce(pages)
+        st.extents[generation] = Extent(tuple(pages), 1, runs)
+        return CacheExtentRef(self.runtime_id, st.epoch, generation, runs)
+
+    def publish_pages(self, intent: Publish) -> CacheExtentRef:
+        """Publish: full pages of a request's row become an extent; each page gains a holder."""
+        slot = self.check_slot(intent.request)
+        full = slot.num_tokens // self.page_size
+        if intent.page_count < 1 or intent.first_page < 0 or intent.first_page + intent.page_count > full:
+            raise InvalidPageRun(
+                f"row pages [{intent.first_page}, {intent.first_page + intent.page_count}) are not inside the "
+                f"{full} full pages written so far"
+            )
+        pages = tuple(slot.pages[intent.first_page : intent.first_page + intent.page_count])
+        for page in pages:
+            self.state.pages[page].holders += 1
+        return self.new_extent(pages)
+
+    def check_not_busy(self, request: RequestRuntimeHandle) -> None:
+        """RequestBusy while a prepared batch holds the request."""
+        for b, rec in self.state.batches.items():
+            if request.slot_id in rec.slot_set:
+                raise RequestBusy(f"request in slot {request.slot_id} is in prepared batch {b}")
+
+    def close_slot(self, slot: Slot) -> None:
+        """The slot is closed: not live, and at a new generation, so every handle to it is stale (H2)."""
+        slot.live = False
+        slot.generation += 1
+
+    def close_row(self, request: RequestRuntimeHandle) -> None:
+        """CloseRequest and the Close intent: close the slot now; the row's pages lose it as a holder."""
+        slot = self.check_slot(request)
+        self.check_not_busy(request)
+        self.close_slot(slot)
+        for page in slot.pages:
+            self.drop_holder(page)
+        slot.pages, slot.num_tokens, slot.reserved_tokens = [], 0, 0
+
+    def split_extent(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
+        """Split: end the extent's only ref and make extents of its first `at_page` pages and of the rest."""
+        record = self.check_extent(extent)
+        if record.refcount != 1:
+            raise ExtentShared(f"extent {extent.generation} has {record.refcount} references")
+        if not 0 < at_page < len(record.pages):
+            raise InvalidPageRun(f"split point {at_page} is not inside 1..{len(record.pages) - 1}")
+        del self.state.extents[extent.generation]
+        head = self.new_extent(record.pages[:at_page])
+        tail = self.new_extent(record.pages[at_page:])
+        return head, tail
+
+    def retain_extent(self, extent: CacheExtentRef) -> None:
+        """Retain: one more reference to a live extent."""
+        self.check_extent(extent).refcount += 1
+
+    def release_ref(self, generation: int) -> None:
+        """One reference fewer; with the last one the extent ends and its pages lose it as a holder (R3)."""
+        record = self.state.extents[generation]
+        record.refcount -= 1
+        if record.refcount == 0:
+            del self.state.extents[generation]
+            for page in record.pages:
+                self.drop_holder(page)
+
+    def check_demote_unmapped(self, record: Extent) -> None:
+        """ExtentInUse if a live request row maps a page of the extent (E1)."""
+        held = {p for slot in self.state.slots if slot.live for p in slot.pages} & set(record.pages)
+        if held:
+            raise ExtentInUse(f"pages {sorted(held)} are mapped into live request rows")
+
+    def apply_intent(self, intent: Intent) -> CacheExtentRef | TransferTicket | None:
+        """Apply one non-restore intent now; Backup returns its ticket, Publish its ref."""
+        st = self.state
+        if isinstance(intent, Publish):
+            return self.publish_pages(intent)
+        if isinstance(intent, Close):
+            self.close_row(intent.request)
+            return None
+        self.check_intent_handles(intent)
+        record = st.extents[intent.extent.generation]
+        if isinstance(intent, Release):
+            self.release_ref(intent.extent.generation)
+            return None
+        if isinstance(intent, Backup):
+            todo = [p for p in record.pages if Tier.L2 not in st.pages[p].copies]
+            self.require_free(Tier.L2, len(todo))
+            return self.start_transfer(TransferKind.BACKUP, intent.extent.generation, todo)
+        if isinstance(intent, Demote):
+            for page in record.pages:
+                if Tier.L2 not in st.pages[page].copies:
+                    raise NotBackedUp(f"page {page} has no host copy and no backup in flight")
+            self.check_demote_unmapped(record)
+            for page in record.pages:
+                if Tier.L1 in st.pages[page].copies:
+                    self.drop_copy(page, Tier.L1)
+            return None
+        if isinstance(intent, Drop):
+            for page in record.pages:
+                if Tier.L1 not in st.pages[page].copies:
+                    raise WouldLoseData(f"page {page} has no device copy; dropping its host copy loses it")
+            for page in record.pages:
+                if Tier.L2 in st.pages[page].copies:
+                    self.drop_copy(page, Tier.L2)
+            return None
+        raise InvalidPlan(f"unknown intent {type(intent).__name__}")

@@ -1,0 +1,308 @@
+"""`ReferenceModel`: the sections composed into one state machine, one method per operation.
+
+One public method per operation of `spec/protocol.md`, named as there and as the
+actions of `tla/CacheRuntime.tla`. Every call is a transaction (`operation`): it runs
+on a copy of the state and commits only if no precondition failed, so a raised
+`CacheRuntimeError` leaves the model exactly as it was. The work is done by the
+sections (`handles`, `pages`, `extents`, `batches`, `transfers`); this module holds
+what belongs to no one section: the transaction, the sizes, restart, the environment's
+`complete_transfer`, and `probe()`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+from cacheruntime.model.batches import Batches
+from cacheruntime.model.extents import Extents
+from cacheruntime.model.handles import HandleChecks
+from cacheruntime.model.pages import Pages
+from cacheruntime.model.records import Page, fresh_state
+from cacheruntime.model.transfers import Transfers
+from cacheruntime.protocol import (
+    AbstractState,
+    Backup,
+    BatchCompletion,
+    BatchPlan,
+    BatchView,
+    CacheExtentRef,
+    Capability,
+    CopyState,
+    Demote,
+    Drop,
+    ExtentView,
+    InvalidPlan,
+    OutOfSlots,
+    PageView,
+    PoolView,
+    PreparedBatchHandle,
+    Publish,
+    Release,
+    RequestRuntimeHandle,
+    Restore,
+    RuntimeInfo,
+    SlotView,
+    Tier,
+    TierIntent,
+    TransferCompletion,
+    TransferTicket,
+    TransferView,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def operation(method: Callable[Concatenate[ReferenceModel, P], R]) -> Callable[Concatenate[ReferenceModel, P], R]:
+    """Run a boundary operation as a transaction on a copy of the state; count it on success."""
+
+    @functools.wraps(method)
+    def transaction(self: ReferenceModel, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        saved = self.state
+        self.state = saved.clone()
+        try:
+            result = method(self, *args, **kwargs)
+        except BaseException:
+            self.state = saved
+            raise
+        self.state.calls[method.__name__] += 1
+        return result
+
+    return transaction
+
+
+class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
+    """The contract as a state machine; a `RuntimeInterface` without compute or bytes."""
+
+    def __init__(
+        self,
+        *,
+        runtime_id: str = "model",
+        page_size: int = 4,
+        max_requests: int = 4,
+        max_request_tokens: int = 64,
+        l1_pages: int = 16,
+        l2_pages: int = 32,
+    ):
+        if page_size < 1 or max_requests < 1 or l1_pages < 1 or l2_pages < 0 or max_request_tokens < page_size:
+            raise ValueError("page_size, max_requests, l1_pages >= 1, l2_pages >= 0, max_request_tokens >= page_size")
+        self.runtime_id = runtime_id
+        self.page_size = page_size
+        self.max_requests = max_requests
+        self.max_request_tokens = max_request_tokens
+        self.l1_pages = l1_pages
+        self.l2_pages = l2_pages
+        tags = {Tier.L1: [[0] * page_size for _ in range(l1_pages)], Tier.L2: [[0] * page_size for _ in range(l2_pages)]}
+        self.state = fresh_state(0, [0] * max_requests, tags, 1)
+
+    # -- info --------------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """The model claims everything a runtime can claim, except the test knobs."""
+        caps = {Capability.ASYNC_TRANSFERS, Capability.INTROSPECTION, Capability.RESTART, Capability.TAGGED_COMPUTE}
+        if self.l2_pages:
+            caps.add(Capability.L2)
+        return frozenset(caps)
+
+    @operation
+    def info(self) -> RuntimeInfo:
+        """Identity, epoch, sizes and capabilities."""
+        return RuntimeInfo(
+            runtime_id=self.runtime_id,
+            epoch=self.state.epoch,
+            page_size=self.page_size,
+            max_requests=self.max_requests,
+            max_request_tokens=self.max_request_tokens,
+            l1_pages=self.l1_pages,
+            l2_pages=self.l2_pages,
+            capabilities=self.capabilities,
+        )
+
+    # -- request lifecycle -------------------------------------------------------------
+
+    @operation
+    def open_request(self) -> RequestRuntimeHandle:
+        """OpenRequest: take the lowest free slot at its current generation."""
+        for slot_id, slot in enumerate(self.state.slots):
+            if not slot.live:
+                slot.live = True
+                slot.pages, slot.num_tokens, slot.reserved_tokens = [], 0, 0
+                slot.produced = slot.appended = 0
+                slot.last_output = None
+                return RequestRuntimeHandle(self.runtime_id, self.state.epoch, slot_id, slot.generation)
+        raise OutOfSlots(f"all {self.max_requests} request slots are live")
+
+    @operation
+    def close_request(self, request: RequestRuntimeHandle) -> None:
+        """CloseRequest: close the slot now; the row's pages go with their last holder."""
+        self.close_row(request)
+
+    # -- two-phase batches ---------------------------------------------------------------
+
+    @operation
+    def prepare_batch(self, plan: BatchPlan) -> PreparedBatchHandle:
+        """PrepareBatch: validate the plan, allocate pages, map prefixes, start restores."""
+        return self.prepare(plan)
+
+    @operation
+    def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
+        """ExecuteBatch: wait for the restores compute reads, compute, then apply the intents."""
+        return self.execute(batch)
+
+    @operation
+    def cancel_batch(self, batch: PreparedBatchHandle) -> None:
+        """CancelBatch: undo the batch's allocations and mappings; started restores go on."""
+        self.cancel(batch)
+
+    # -- extents -----------------------------------------------------------------------
+
+    @operation
+    def publish(self, request: RequestRuntimeHandle, first_page: int, page_count: int) -> CacheExtentRef:
+        """Publish: make full pages of a request's row an extent with one reference."""
+        return self.publish_pages(Publish(request, first_page, page_count))
+
+    @operation
+    def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
+        """Split: end the extent's only ref and issue refs for its first `at_page` pages and the rest."""
+        return self.split_extent(extent, at_page)
+
+    @operation
+    def retain(self, extent: CacheExtentRef) -> None:
+        """Retain: add a reference to a live extent."""
+        self.retain_extent(extent)
+
+    @operation
+    def release(self, extent: CacheExtentRef) -> None:
+        """Release: drop a reference; with the last one the extent ends and its pages lose a holder."""
+        self.apply_intent(Release(extent))
+
+    # -- tier moves --------------------------------------------------------------------
+
+    @operation
+    def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
+        """Submit: apply standalone tier intents in order; a ticket per Backup and Restore."""
+        tickets = []
+        for intent in intents:
+            if not isinstance(intent, (Backup, Restore, Demote, Drop)):
+                raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
+            self.check_intent_handles(intent)
+        for intent in intents:
+            if isinstance(intent, Restore):
+                pages = self.restore_pages(intent.extent)
+                self.require_free(Tier.L1, len(pages))
+                tickets.append(self.start_restore(intent.extent))
+            else:
+                outcome = self.apply_intent(intent)
+                if isinstance(outcome, TransferTicket):
+                    tickets.append(outcome)
+        return tuple(tickets)
+
+    @operation
+    def poll_completions(self) -> tuple[TransferCompletion, ...]:
+        """PollCompletions: the transfers completed since the last poll, each reported once."""
+        return self.report()
+
+    @operation
+    def wait_completions(self) -> tuple[TransferCompletion, ...]:
+        """WaitCompletions: block until no transfer is in flight, then report as poll does."""
+        while self.state.transfers:
+            self.complete_transfer(self.completable()[0])
+        return self.report()
+
+    # -- restart -----------------------------------------------------------------------
+
+    @operation
+    def restart(self) -> RuntimeInfo:
+        """Restart: drain transfers, forget everything, bump the epoch; every handle goes stale."""
+        st = self.state
+        while st.transfers:  # drain: in-flight copies land before the epoch ends
+            self.complete_transfer(self.completable()[0])
+        generations = [slot.generation + int(slot.live) for slot in st.slots]
+        tags = {tier: pool.tags for tier, pool in st.pools.items()}
+        self.state = fresh_state(st.epoch + 1, generations, tags, st.next_version)
+        return RuntimeInfo(
+            self.runtime_id, self.state.epoch, self.page_size, self.max_requests, self.max_request_tokens,
+            self.l1_pages, self.l2_pages, self.capabilities,
+        )
+
+    # -- environment -------------------------------------------------------------------
+
+    def completable(self) -> tuple[int, ...]:
+        """Transfers whose every predecessor has completed: the ones that may complete next."""
+        return tuple(t for t, tr in sorted(self.state.transfers.items()) if not tr.waits_for & self.state.transfers.keys())
+
+    def complete_transfer(self, transfer_id: int) -> None:
+        """CompleteTransfer (environment): the transfer's copies land; deferred frees it blocked run.
+
+        Only a completable transfer may complete; the model's own completions (compute
+        waiting, wait_completions, restart) pick completable ones too.
+        """
+        if transfer_id not in self.completable():
+            raise ValueError(f"transfer {transfer_id} is not in flight or waits for another")
+        super().complete_transfer(transfer_id)
+
+    # -- introspection -----------------------------------------------------------------
+
+    def probe(self) -> AbstractState:
+        """The abstract state that every invariant predicate reads."""
+        st = self.state
+        pools = []
+        for tier, pool in st.pools.items():
+            mapped = tuple(
+                sorted((c.phys, name) for name, page in st.pages.items() for t, c in page.copies.items() if t is tier)
+            )
+            pools.append(PoolView(tier, pool.total, tuple(pool.free), mapped, tuple(sorted(pool.deferred))))
+        empty = (0,) * self.page_size
+
+        def tags(page: Page, tier: Tier) -> tuple[int, ...]:
+            return tuple(st.pools[tier].tags[page.copies[tier].phys]) if tier in page.copies else empty
+
+        batches = [
+            BatchView(b, rec.state, tuple(sorted(rec.slot_set)), tuple(p for s in sorted(rec.slot_set) for p in st.slots[s].pages))
+            for b, rec in st.batches.items()
+        ]
+        batches += [BatchView(b, state, slots, ()) for b, (state, slots) in st.finished.items()]
+        return AbstractState(
+            epoch=st.epoch,
+            page_size=self.page_size,
+            slots=tuple(
+                SlotView(i, s.generation, s.live, tuple(s.pages), s.num_tokens, s.reserved_tokens)
+                for i, s in enumerate(st.slots)
+            ),
+            pages=tuple(
+                PageView(
+                    name,
+                    page.holders,
+                    page.copies[Tier.L1].state if Tier.L1 in page.copies else CopyState.ABSENT,
+                    page.copies[Tier.L2].state if Tier.L2 in page.copies else CopyState.ABSENT,
+                    tuple(page.versions),
+                    tags(page, Tier.L1),
+                    tags(page, Tier.L2),
+                )
+                for name, page in sorted(st.pages.items())
+            ),
+            pools=tuple(pools),
+            extents=tuple(ExtentView(g, e.pages, e.refcount) for g, e in sorted(st.extents.items())),
+            batches=tuple(sorted(batches, key=lambda view: view.batch_id)),
+            transfers=tuple(
+                TransferView(
+                    t,
+                    tr.kind,
+                    tuple(p for p, _, _ in tr.pages),
+                    tuple(src for _, src, _ in tr.pages),
+                    tuple(dst for _, _, dst in tr.pages),
+                )
+                for t, tr in sorted(st.transfers.items())
+            ),
+            boundary_calls=tuple(sorted(st.calls.items())),
+        )
+
+    def check_invariants(self) -> None:
+        """Evaluate every state invariant of the catalogue on the model; raise on the first violated."""
+        from cacheruntime.invariants import check_state
+
+        check_state(self.probe())
+

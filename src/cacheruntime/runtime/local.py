@@ -215,7 +215,7 @@ class LocalGPURuntime:
     @operation()
     def close_request(self, request: RequestRuntimeHandle) -> None:
         """Retire the handle now; the row's pages go with their last holder (deferred if in flight)."""
-        self.ledger.close(request, in_batch=None)
+        self.ledger.close_row(request)
 
     # -- two-phase batches -------------------------------------------------------------
 
@@ -256,22 +256,22 @@ class LocalGPURuntime:
     @operation()
     def publish(self, request: RequestRuntimeHandle, first_page: int, page_count: int) -> CacheExtentRef:
         """Make full, computed pages of a row an extent with one reference."""
-        return self.ledger.publish(Publish(request, first_page, page_count))
+        return self.ledger.publish_pages(Publish(request, first_page, page_count))
 
     @operation()
     def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
         """Retire the extent's only ref; issue refs for its first `at_page` pages and the rest."""
-        return self.ledger.split(extent, at_page)
+        return self.ledger.split_extent(extent, at_page)
 
     @operation()
     def retain(self, extent: CacheExtentRef) -> None:
         """Add a reference to a live extent."""
-        self.ledger.retain(extent)
+        self.ledger.retain_extent(extent)
 
     @operation()
     def release(self, extent: CacheExtentRef) -> None:
         """Drop a reference; with the last one the extent ends and its pages lose a holder."""
-        self.ledger.apply_intent(Release(extent), batch_id=None)
+        self.ledger.apply_intent(Release(extent))
 
     # -- tier moves and completions ----------------------------------------------------
 

@@ -227,7 +227,7 @@ class Batches(_Base):
 
     def execute(self, batch: PreparedBatchHandle) -> Executed:
         """Complete the restores compute reads, write the computed tokens' tags, apply the intents."""
-        record = self.batch_of(batch)
+        record = self.check_batch(batch)
         self.check_execute_once(batch, record.state if isinstance(record, Batch) else record[0])
         assert isinstance(record, Batch)
         self.check_execute_order(batch, record.slot_set)
@@ -254,7 +254,7 @@ class Batches(_Base):
         tickets: list[TransferTicket] = []
         for intent in intents:
             if not isinstance(intent, Restore):
-                outcome = self.apply_intent(intent, batch_id=batch.batch_id)
+                outcome = self.apply_intent(intent)
                 if isinstance(outcome, CacheExtentRef):
                     published.append(outcome)
                 elif isinstance(outcome, TransferTicket):
@@ -292,7 +292,7 @@ class Batches(_Base):
 
     def cancel(self, batch: PreparedBatchHandle) -> None:
         """Undo the batch's reservations and mappings; restores it started go on."""
-        record = self.batch_of(batch)
+        record = self.check_batch(batch)
         state = record.state if isinstance(record, Batch) else record[0]
         if state is BatchState.EXECUTED:
             raise AlreadyExecuted(f"batch {batch.batch_id} was executed; it cannot be cancelled")

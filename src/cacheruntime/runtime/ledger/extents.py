@@ -57,9 +57,9 @@ class Extents(_Base):
         self.txn.undo(lambda: _forget_extent(st, generation))
         return CacheExtentRef(self.runtime_id, st.epoch, generation, runs)
 
-    def publish(self, intent: Publish) -> CacheExtentRef:
+    def publish_pages(self, intent: Publish) -> CacheExtentRef:
         """Make full, computed pages of a row an extent with one reference."""
-        slot = self.slot_of(intent.request)
+        slot = self.check_slot(intent.request)
         full = slot.num_tokens // self.page_size
         if intent.page_count < 1 or intent.first_page < 0 or intent.first_page + intent.page_count > full:
             raise InvalidPageRun(
@@ -71,9 +71,9 @@ class Extents(_Base):
             self.add_holder(page)
         return self.new_extent(pages)
 
-    def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
+    def split_extent(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
         """Retire the extent's only ref; issue refs for its first `at_page` pages and the rest."""
-        record = self.extent_of(extent)
+        record = self.check_extent(extent)
         if record.refcount != 1:
             raise ExtentShared(f"extent {extent.generation} has {record.refcount} references")
         if not 0 < at_page < len(record.pages):
@@ -83,9 +83,9 @@ class Extents(_Base):
         self.txn.undo(lambda: extents.__setitem__(generation, record))
         return self.new_extent(record.pages[:at_page]), self.new_extent(record.pages[at_page:])
 
-    def retain(self, extent: CacheExtentRef) -> None:
+    def retain_extent(self, extent: CacheExtentRef) -> None:
         """Add a reference to a live extent."""
-        record = self.extent_of(extent)
+        record = self.check_extent(extent)
         record.refcount += 1
         self.txn.undo(lambda: _add_refs(record, -1))
 
@@ -101,16 +101,16 @@ class Extents(_Base):
             for page in record.pages:
                 self.drop_holder(page)
 
-    def check_not_busy(self, request: RequestRuntimeHandle, in_batch: int | None) -> None:
-        """RequestBusy: a request in a prepared batch (other than `in_batch`) cannot close."""
+    def check_not_busy(self, request: RequestRuntimeHandle) -> None:
+        """RequestBusy: a request in a prepared batch cannot close."""
         for b, rec in self.state.batches.items():
-            if b != in_batch and rec.state is BatchState.PREPARED and request.slot_id in rec.slot_set:
+            if rec.state is BatchState.PREPARED and request.slot_id in rec.slot_set:
                 raise RequestBusy(f"request in slot {request.slot_id} is in prepared batch {b}")
 
-    def close(self, request: RequestRuntimeHandle, in_batch: int | None) -> None:
-        """Retire the handle now; the row's pages go with their last holder (deferred if in flight)."""
-        slot = self.slot_of(request)
-        self.check_not_busy(request, in_batch)
+    def close_row(self, request: RequestRuntimeHandle) -> None:
+        """Close the request's slot now; the row's pages go with their last holder (deferred if in flight)."""
+        slot = self.check_slot(request)
+        self.check_not_busy(request)
         self.close_slot(slot)
         self.drop_row(slot, 0)
         lengths = (slot.num_tokens, slot.reserved_tokens)
@@ -124,13 +124,13 @@ class Extents(_Base):
         if held:
             raise ExtentInUse(f"pages {sorted(held)} are mapped into live request rows")
 
-    def apply_intent(self, intent: Intent, batch_id: int | None) -> CacheExtentRef | TransferTicket | None:
+    def apply_intent(self, intent: Intent) -> CacheExtentRef | TransferTicket | None:
         """Apply one non-restore intent now; Backup returns its ticket, Publish its ref."""
         st = self.state
         if isinstance(intent, Publish):
-            return self.publish(intent)
+            return self.publish_pages(intent)
         if isinstance(intent, Close):
-            self.close(intent.request, in_batch=batch_id)
+            self.close_row(intent.request)
             return None
         self.check_intent_handles(intent)
         record = st.extents[intent.extent.generation]
@@ -173,7 +173,7 @@ class Extents(_Base):
                 self.require_free(Tier.L1, len(pages))
                 tickets.append(self.start_transfer(TransferKind.RESTORE, intent.extent.generation, pages))
             else:
-                outcome = self.apply_intent(intent, batch_id=None)
+                outcome = self.apply_intent(intent)
                 if isinstance(outcome, TransferTicket):
                     tickets.append(outcome)
         return tuple(tickets)

@@ -58,7 +58,7 @@ class HandleChecks(_Base):
         if request.generation > slot.generation or not slot.live:
             raise UnknownHandle(f"slot {request.slot_id} generation {request.generation} was never opened")
 
-    def slot_of(self, request: RequestRuntimeHandle) -> Slot:
+    def check_slot(self, request: RequestRuntimeHandle) -> Slot:
         """The live slot a request handle names."""
         if not isinstance(request, RequestRuntimeHandle):
             raise UnknownHandle(f"expected a RequestRuntimeHandle, got {type(request).__name__}")
@@ -70,16 +70,16 @@ class HandleChecks(_Base):
         return slot
 
     def check_item_handles(self, items: tuple[BatchItem, ...]) -> tuple[list[int], list[Slot], bool]:
-        """`slot_of` every item's request (and `extent_of` its attached refs), in plan order.
+        """`check_slot` every item's request (and `check_extent` its attached refs), in plan order.
 
         Returns the slot ids, their records, and whether any item attaches or appends. The
-        same guards as `slot_of`, with two savings: `check_origin` depends only on the
+        same guards as `check_slot`, with two savings: `check_origin` depends only on the
         handle's runtime id and epoch, which no check changes, so it runs again only when a
         handle names another pair than the one it last accepted; and `check_generation` runs
         only for a handle whose generation is not its live slot's current one (the only
         handles it can refuse).
         """
-        check_origin, check_generation, extent_of = self.check_origin, self.check_generation, self.extent_of
+        check_origin, check_generation, check_extent = self.check_origin, self.check_generation, self.check_extent
         all_slots = self.state.slots
         count = len(all_slots)
         accepted_id: Any = None
@@ -102,7 +102,7 @@ class HandleChecks(_Base):
             if item.attach:
                 special = True
                 for extent in item.attach:
-                    extent_of(extent)
+                    check_extent(extent)
             elif item.append_previous_output:
                 special = True
             slots.append(slot_id)
@@ -118,7 +118,7 @@ class HandleChecks(_Base):
         if record.runs != extent.page_runs and record.runs != tuple(extent.page_runs):
             raise UnknownHandle(f"extent {extent.generation}: the ref's page runs are not the ones issued")
 
-    def extent_of(self, extent: CacheExtentRef) -> Extent:
+    def check_extent(self, extent: CacheExtentRef) -> Extent:
         """The live extent a ref names."""
         if not isinstance(extent, CacheExtentRef):
             raise UnknownHandle(f"expected a CacheExtentRef, got {type(extent).__name__}")
@@ -128,7 +128,7 @@ class HandleChecks(_Base):
         assert record is not None
         return record
 
-    def batch_of(self, batch: PreparedBatchHandle) -> Batch | tuple[Any, tuple[int, ...]]:
+    def check_batch(self, batch: PreparedBatchHandle) -> Batch | tuple[Any, tuple[int, ...]]:
         """The prepared batch's record, or a finished batch's `(state, slots)` outcome."""
         if not isinstance(batch, PreparedBatchHandle):
             raise UnknownHandle(f"expected a PreparedBatchHandle, got {type(batch).__name__}")
@@ -145,9 +145,9 @@ class HandleChecks(_Base):
     def check_intent_handles(self, intent: Intent) -> None:
         """The handles an intent names; NoL2 for a tier intent on a runtime without L2."""
         if isinstance(intent, (Publish, Close)):
-            self.slot_of(intent.request)
+            self.check_slot(intent.request)
         elif isinstance(intent, (Backup, Restore, Demote, Drop, Release)):
-            self.extent_of(intent.extent)
+            self.check_extent(intent.extent)
             if not isinstance(intent, Release) and not self.l2_pages:
                 raise NoL2("this runtime has no L2 tier")
         else:

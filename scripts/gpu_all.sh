@@ -6,6 +6,9 @@
 # The device tool brings back at most 8 files, so the two scripts write into sub-folders
 # that are packed into results.tar.gz; the files the record quotes are copied beside it.
 # Usage (on the device machine, from the repository root): OUT=... bash scripts/gpu_all.sh
+# Options (environment): BENCH=0 skips the benchmark (the check alone fits one short call);
+# CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
+# this tree, in alternating processes (scripts/cpu_ab.py), into $OUT/cpu_ab.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${OUT:?set OUT}"
@@ -13,11 +16,18 @@ export PYTHON=python3
 
 OUT="$ROOT/check" bash scripts/gpu_check.sh >"$ROOT/gpu_check.log" 2>&1
 check=$?
-OUT="$ROOT/bench" bash scripts/gpu_bench.sh >"$ROOT/gpu_bench.log" 2>&1
-bench=$?
+bench=0
+if [[ "${BENCH:-1}" != 0 ]]; then
+  OUT="$ROOT/bench" bash scripts/gpu_bench.sh >"$ROOT/gpu_bench.log" 2>&1
+  bench=$?
+fi
+if [[ -n "${CPU_AB_BASE:-}" ]]; then
+  "$PYTHON" scripts/cpu_ab.py --base "$CPU_AB_BASE" --new . --reps 7 --json "$ROOT/cpu_ab.json" >"$ROOT/cpu_ab.log" 2>&1 || bench=1
+  cat "$ROOT/cpu_ab.log"
+fi
 
 cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/" 2>/dev/null
-tar czf "$ROOT/results.tar.gz" -C "$ROOT" check bench && rm -rf "$ROOT/check" "$ROOT/bench"
+tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench"
 echo "gpu_check exit $check, gpu_bench exit $bench"
 tail -n 12 "$ROOT/summary.txt" 2>/dev/null
 [[ $check -eq 0 && $bench -eq 0 ]]

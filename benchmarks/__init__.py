@@ -148,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
             failures.append(report.Failure(section, what, f"{type(error).__name__}: {error}"))
 
     meta: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["cacheruntime", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else " ".join(sys.argv),
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import random
 import statistics
 import time
@@ -328,7 +329,7 @@ def exposure(marks: list[tuple[Any, Any, Any]]) -> tuple[list[float], list[float
     """Per batch after the first: seconds the compute stream waited beyond what it had to
     (start - max(host launch, previous compute end)), and the compute's own seconds."""
     waited, busy = [], []
-    for (_, _, prev_end), (launch, start, end) in zip(marks, marks[1:]):
+    for (_, _, prev_end), (launch, start, end) in itertools.pairwise(marks):
         late = min(launch.elapsed_time(start), prev_end.elapsed_time(start)) / 1000.0
         waited.append(max(late, 0.0))
         busy.append(start.elapsed_time(end) / 1000.0)

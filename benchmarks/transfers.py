@@ -72,7 +72,6 @@ def _baselines(args: Any, device: torch.device, clock: Clock, nbytes: int) -> tu
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     h2d = [clock.gpu(lambda: dev.copy_(host, non_blocking=True)) for _ in range(args.reps + 1)][1:]
     d2h = [clock.gpu(lambda: host.copy_(dev, non_blocking=True)) for _ in range(args.reps + 1)][1:]
-    del host, dev
     return median(h2d), median(d2h)
 
 

@@ -25,7 +25,6 @@ from cacheruntime.protocol import (
     ExtentInUse,
     OutOfOrder,
     OutOfPages,
-    Release,
     Restore,
     StaleHandle,
     Tier,

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -55,16 +56,16 @@ def _run1_patterns(side: torch.cuda.Stream, pages: int = 256, rounds: int = 3) -
     paths: dict[str, str] = {}
     for uva in (0.0, 2.0):
         mem = _mem(pages, 128, uva, pool=pool)
-        for name, (src, dst) in lists.items():  # warm-up (the kernel's first launch compiles it)
+        for src, dst in lists.values():  # warm-up (the kernel's first launch compiles it)
             mem.restore(src, dst)
             mem.backup(dst, src)
         torch.cuda.synchronize()
         for _ in range(rounds):
             for name, (src, dst) in lists.items():
                 key = f"{'uva' if uva else 'dma'} {name}"
-                r = [_timed_on(side, lambda: mem.restore(src, dst)) for _ in range(3)]
+                r = [_timed_on(side, functools.partial(mem.restore, src, dst)) for _ in range(3)]
                 paths[f"{key} restore"] = mem.last_path
-                b = [_timed_on(side, lambda: mem.backup(dst, src)) for _ in range(3)]
+                b = [_timed_on(side, functools.partial(mem.backup, dst, src)) for _ in range(3)]
                 paths[f"{key} backup"] = mem.last_path
                 torch.cuda.synchronize()
                 times.setdefault(f"{key} restore", []).extend(ms(e) for e in r)
@@ -171,18 +172,7 @@ def _chunk_sizes(side: torch.cuda.Stream, pages: int = 256) -> dict:
     (gather) runs on SMs, and the last (first) one is not hidden behind a copy."""
     pool = 2 * pages + 2 * 64
     nbytes = pages * 2 * 2**20
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    out: dict = {}
-    for kind, call in (("h2d", lambda: dev.copy_(host, non_blocking=True)), ("d2h", lambda: host.copy_(dev, non_blocking=True))):
-        call()
-        t = []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            time.sleep(0.002)
-            t.append(_synced_ms(_timed_on(side, call)))
-        out[f"pinned copy_ {kind}"] = round(nbytes / statistics.median(t) / 1e6, 2)
-    del host, dev
+    out: dict = _pinned_copies(side, nbytes)
     for chunk_mib in (128, 64, 32):
         mem = KVMemory(device=torch.device("cuda"), l1_pages=pool, l2_pages=pool, page_size=16, layers=32, heads=8, head_dim=128,
                        dtype=torch.bfloat16, chunk_bytes=chunk_mib << 20, uva_max_run=0.0)
@@ -194,15 +184,42 @@ def _chunk_sizes(side: torch.cuda.Stream, pages: int = 256) -> dict:
             mem.backup(dst, src)
             times: dict[str, list[float]] = {"restore": [], "backup": []}
             for _ in range(5):
-                for kind, call in (("restore", lambda: mem.restore(src, dst)), ("backup", lambda: mem.backup(dst, src))):
+                for kind, pair in (("restore", (src, dst)), ("backup", (dst, src))):
                     torch.cuda.synchronize()
                     time.sleep(0.002)  # let the GPU idle, as between the transfer section's repetitions
-                    times[kind].append(_synced_ms(_timed_on(side, call)))
+                    # the partial is not kept: `del mem` below must free the pools
+                    times[kind].append(_synced_ms(_timed_on(side, functools.partial(mem.restore if kind == "restore" else mem.backup, *pair))))
             for kind, t in times.items():
                 out[f"{kind} run={run} chunk={chunk_mib}MiB"] = round(nbytes / statistics.median(t) / 1e6, 2)
         del mem
         torch.cuda.empty_cache()
     return out
+
+
+def _pinned_copies(side: torch.cuda.Stream, nbytes: int) -> dict:
+    """The pinned copy baseline: `nbytes` in one contiguous buffer, each way, from an idle GPU.
+    A function of its own so that its two buffers are freed before the caller allocates pools."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    out: dict = {}
+    for kind, call in (("h2d", lambda: dev.copy_(host, non_blocking=True)), ("d2h", lambda: host.copy_(dev, non_blocking=True))):
+        call()
+        t = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            time.sleep(0.002)
+            t.append(_synced_ms(_timed_on(side, call)))
+        out[f"pinned copy_ {kind}"] = round(nbytes / statistics.median(t) / 1e6, 2)
+    return out
+
+
+def _dma_only(mem: KVMemory, buf: torch.Tensor, rows: int, pages: int) -> None:
+    """Copies only (no scatter): `pages` pages of the host pool into `buf`, `rows` rows at a time, in DMA pieces."""
+    for lo in range(0, pages * mem.lanes, rows):
+        n = min(rows, pages * mem.lanes - lo)
+        for p in range(0, n, mem.dma_rows):
+            k = min(mem.dma_rows, n - p)
+            buf[p : p + k].copy_(mem.l2_rows[lo + p : lo + p + k], non_blocking=True)
 
 
 def main(path: str) -> None:
@@ -221,33 +238,25 @@ def main(path: str) -> None:
         src, dst = list(range(pages)), list(range(pages, 2 * pages))
         mem.restore(src, dst)
         torch.cuda.synchronize()
-        solo = [_timed_on(side, lambda: mem.restore(src, dst)) for _ in range(3)]
+        solo = [_timed_on(side, functools.partial(mem.restore, src, dst)) for _ in range(3)]
         torch.cuda.synchronize()
         under, comp = [], []
         for _ in range(3):
             c = gemv.step()
             time.sleep(0.001)
-            under.append(_timed_on(side, lambda: mem.restore(src, dst)))
+            under.append(_timed_on(side, functools.partial(mem.restore, src, dst)))
             comp.append(c)
             torch.cuda.synchronize()
         # copies only (no scatter): the DMA under compute, into a buffer of one staging chunk's rows
         rows = min(mem.chunk_pages, mem.l2.shape[0]) * mem.lanes
         buf = torch.empty(rows, mem.l1_rows.shape[1], dtype=mem.l1_rows.dtype, device="cuda")
-
-        def dma_only():
-            for lo in range(0, pages * mem.lanes, rows):
-                n = min(rows, pages * mem.lanes - lo)
-                for p in range(0, n, mem.dma_rows):
-                    k = min(mem.dma_rows, n - p)
-                    buf[p : p + k].copy_(mem.l2_rows[lo + p : lo + p + k], non_blocking=True)
-
-        dsolo = [_timed_on(side, dma_only) for _ in range(3)]
+        dsolo = [_timed_on(side, functools.partial(_dma_only, mem, buf, rows, pages)) for _ in range(3)]
         torch.cuda.synchronize()
         dunder = []
         for _ in range(3):
             gemv.step()
             time.sleep(0.001)
-            dunder.append(_timed_on(side, dma_only))
+            dunder.append(_timed_on(side, functools.partial(_dma_only, mem, buf, rows, pages)))
             torch.cuda.synchronize()
         # small D2H read behind a 128 MiB backup
         bsrc = list(range(64))
@@ -276,7 +285,7 @@ def main(path: str) -> None:
     mem = _mem(128, 16)
     for budget in (64, 16):
         evs = []
-        for i in range(12):
+        for _ in range(12):
             c = gemv.step()
             with torch.cuda.stream(side):
                 side.wait_event(c[0])
@@ -298,12 +307,12 @@ def main(path: str) -> None:
             mem.restore(src, dst)
             mem.backup(dst, src)
             torch.cuda.synchronize()
-            r = [_timed_on(side, lambda: mem.restore(src, dst)) for _ in range(3)]
-            b = [_timed_on(side, lambda: mem.backup(dst, src)) for _ in range(3)]
+            r = [_timed_on(side, functools.partial(mem.restore, src, dst)) for _ in range(3)]
+            b = [_timed_on(side, functools.partial(mem.backup, dst, src)) for _ in range(3)]
             torch.cuda.synchronize()
             out[f"run1_uva{uva}"] = {"path": mem.last_path, "restore_GBps": 512 * 2**20 / statistics.median(ms(e) for e in r) / 1e6,
                                      "backup_GBps": 512 * 2**20 / statistics.median(ms(e) for e in b) / 1e6}
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             out[f"run1_uva{uva}"] = {"error": repr(error)}
         del mem
         torch.cuda.empty_cache()

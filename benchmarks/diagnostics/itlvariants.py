@@ -32,7 +32,7 @@ def main(path: str) -> None:
     for issue, budget, uva in variants:
         memory: list[Any] = []
 
-        def setup(runtime: Any, uva: bool = uva) -> None:
+        def setup(runtime: Any, memory: list[Any] = memory, uva: bool = uva) -> None:
             memory.append(hooks.memory(runtime))
             if not uva:
                 memory[-1].uva_max_run = 0.0  # every copy on the copy engines

@@ -54,8 +54,8 @@ def _runtime(args: argparse.Namespace):
         from cacheruntime.model import ReferenceModel
 
         return ReferenceModel(**sizes), None
-    from cacheruntime.runtime.factories import local
     from cacheruntime.runtime.device.runner import DecoderConfig
+    from cacheruntime.runtime.factories import local
 
     return local(device=args.device, runner="tiny", seed=args.seed, **sizes), DecoderConfig().vocab
 

@@ -121,7 +121,7 @@ def test_timeline_spans_and_builtin_png(tmp_path: Path) -> None:
         ]
     }
     lanes = timeline.spans(trace)
-    assert list(lanes)[0] == "host (control)"
+    assert next(iter(lanes)) == "host (control)"
     assert any(name.startswith("H2D") for name in lanes) and any(name.startswith("D2H") for name in lanes)
     assert lanes["host (control)"] == [(0.0, 5.0, "prepare")]
     path = tmp_path / "t.png"

@@ -9,7 +9,7 @@ from _sglang_env import HAVE_SGLANG, SKIP_REASON
 if not HAVE_SGLANG:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
-from cacheruntime.protocol import (  # noqa: E402
+from cacheruntime.protocol import (
     Backup,
     BatchItem,
     BatchPlan,
@@ -21,8 +21,7 @@ from cacheruntime.protocol import (  # noqa: E402
     RuntimeInterface,
     Unsupported,
 )
-
-from conformance.adapters.sglang.adapter import make_runtime  # noqa: E402
+from conformance.adapters.sglang.adapter import make_runtime
 
 pytestmark = pytest.mark.needs_sglang
 

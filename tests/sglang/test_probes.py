@@ -14,9 +14,9 @@ from _sglang_env import HAVE_SGLANG, SKIP_REASON
 if not HAVE_SGLANG:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
-import torch  # noqa: E402
+import torch
 
-from conformance.adapters.sglang.stack import build_stack  # noqa: E402
+from conformance.adapters.sglang.stack import build_stack
 
 pytestmark = pytest.mark.needs_sglang
 
@@ -31,8 +31,9 @@ def _pages(allocator, n):
 def test_S0_direct_io_backend_needs_a_gpu_kernel_on_cpu():
     """S0: `transfer_kv_direct` is only bound on CUDA/HIP/XPU, so io_backend='direct' cannot copy on CPU."""
     build_stack()  # binds the adapter's stand-in; check the module had none of its own
-    from conformance.adapters.sglang import cpu_kernels
     from sglang.srt.mem_cache.pool_host import mha
+
+    from conformance.adapters.sglang import cpu_kernels
 
     assert mha.transfer_kv_direct is cpu_kernels.transfer_kv_direct
 

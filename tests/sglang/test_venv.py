@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from _sglang_env import HAVE_SGLANG, REPO, VENV_PYTHON
 
 

@@ -47,6 +47,7 @@ second reference, a batch executed twice or a cancelled one are all forwarded to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cacheruntime import pageruns
 from cacheruntime.protocol import (
@@ -79,6 +80,9 @@ from cacheruntime.protocol import (
 )
 
 from .stack import build_stack
+
+if TYPE_CHECKING:  # torch is imported where it is used: the adapter module loads without it
+    import torch
 
 
 @dataclass
@@ -196,7 +200,7 @@ class SGLangRuntime:
             raise UnknownHandle(f"batch id {handle.batch_id} is not in the adapter's batch table")
         return record
 
-    def _device_indices(self, names) -> "torch.Tensor":  # noqa: F821
+    def _device_indices(self, names) -> torch.Tensor:
         import torch
 
         ps = self.page_size

@@ -55,6 +55,7 @@ def build_stack(
     """A CPU stack sized like the protocol's RuntimeInfo (pages of `page_size` tokens)."""
     prepare_imports()
     import torch
+
     from sglang.srt.managers.cache_controller import HiCacheController
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams

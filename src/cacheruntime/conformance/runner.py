@@ -89,7 +89,7 @@ def run_check(target: Target, check: str, settings: Settings) -> Outcome:
     machine = machine_for(target, check=check)
     try:
         run_state_machine_as_test(machine, settings=settings)
-    except Exception as raised:  # noqa: BLE001 - every way a runtime can fail is a verdict
+    except Exception as raised:  # every way a runtime can fail is a verdict
         failure = _conformance_failure(raised)
         steps = _steps(list(getattr(raised, "__notes__", [])))
         count = sum(1 for s in steps if "state." in s and not s.startswith("state = ") and s not in ("state.start()", "state.teardown()"))

@@ -21,11 +21,9 @@ notes are the shrunk call sequence, which `reproduction` turns into a runnable s
 
 from __future__ import annotations
 
-from collections import Counter
-
 import attrs
-from hypothesis import strategies as st
 from hypothesis import event
+from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, precondition, rule
 
@@ -45,6 +43,7 @@ from cacheruntime.protocol import (
     CopyState,
     Demote,
     Drop,
+    ForeignRuntime,
     OutOfPages,
     PageRun,
     PreparedBatchHandle,
@@ -53,10 +52,9 @@ from cacheruntime.protocol import (
     RequestRuntimeHandle,
     Restore,
     RuntimeInfo,
+    StaleHandle,
     Tier,
     TransferKind,
-    StaleHandle,
-    ForeignRuntime,
     UnknownHandle,
 )
 
@@ -443,7 +441,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             there is an output to append, else n new tokens; with `insert`, publish each row's full pages."""
             live = [i for i, slot in enumerate(self.model.state.slots) if slot.live]
             if not live:
-                return multiple() if self._call("open_request") is None else multiple()
+                self._call("open_request")
+                return multiple()
             items, intents = [], []
             for slot_id in dict.fromkeys(live[p % len(live)] for p in picks or [0]):
                 slot = self.model.state.slots[slot_id]

@@ -116,8 +116,10 @@ class _TreeSpec:
         """The per-node term at the symbolic `node`."""
         return z3.Or([z3.And(self.st.node == d, per_node[d]) for d in range(self.size)])
 
-    def explain(self, marks: Callable[[], dict[str, Any]], node: bool = False) -> Callable[[z3.ModelRef], str]:
-        return lambda model: render.tree(model, self.st, marks(), node=node)
+    def explain(self, marks: dict[str, Any], node: bool = False) -> Callable[[z3.ModelRef], str]:
+        """The counterexample under a model: the tree with `marks` per node. The marks are the terms of
+        this obligation, taken when it is made, so an obligation kept past its loop still shows its own."""
+        return lambda model: render.tree(model, self.st, marks, node=node)
 
 
 def _bool(term: Any) -> Any:
@@ -153,7 +155,7 @@ def _e1_never_evicted(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation
         )
         witness = z3.And(spec.assumption(), z3.Or([_bool(c) for c in chosen]), z3.Or([r > 0 for r in t.lock_ref]))
         yield Obligation(
-            spec.assumption(), claim, spec.explain(lambda: {"evicted": chosen}), witness if largest else None
+            spec.assumption(), claim, spec.explain({"evicted": chosen}), witness if largest else None
         )
 
 
@@ -167,7 +169,7 @@ def _e1_on_path_exact(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation
             spec.assumption(),
             claim,
             spec.explain(
-                lambda: {
+                {
                     "computed_on_path": [z3.And(node == k, computed) for k in range(spec.size)],
                     "locked_below": spec.locked_below,
                 },
@@ -198,7 +200,7 @@ def _e2_leaves_first(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]
             z3.Or([z3.And(spec.ancestor[v][d], order[v] > 0, order[d] > 0) for v in range(1, n) for d in range(v + 1, n)]),
         )
         yield Obligation(
-            spec.assumption(), z3.And(clauses), spec.explain(lambda: {"evicted_round": order}), witness if largest else None
+            spec.assumption(), z3.And(clauses), spec.explain({"evicted_round": order}), witness if largest else None
         )
 
 
@@ -217,7 +219,7 @@ def _e2_prefix_closed(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation
         yield Obligation(
             spec.assumption(),
             _bool(reference_policy.well_formed(Z3OPS, after)),
-            spec.explain(lambda: {"evicted": chosen}),
+            spec.explain({"evicted": chosen}),
             witness if largest else None,
         )
 
@@ -240,7 +242,7 @@ def _e2_evictable_exact(subjects: Subjects, bounds: Bounds) -> Iterator[Obligati
         yield Obligation(
             spec.assumption(),
             computed == spec.at_node(expected),
-            spec.explain(lambda: {}, node=True),
+            spec.explain({}, node=True),
             witness if largest else None,
         )
 
@@ -266,7 +268,7 @@ def _e3_frees_enough(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]
         yield Obligation(
             spec.assumption(),
             z3.Implies(evictable_pages >= need, freed >= need),
-            spec.explain(lambda: {"evicted": chosen}),
+            spec.explain({"evicted": chosen}),
             witness if largest else None,
         )
 
@@ -284,7 +286,7 @@ def _e3_stops_at_last_leaf(subjects: Subjects, bounds: Bounds) -> Iterator[Oblig
         clauses += [z3.Implies(z3.And(count > 0, order[v] == count), freed - t.page_count[v] < need) for v in range(n)]
         witness = z3.And(spec.assumption(), count >= 3)
         yield Obligation(
-            spec.assumption(), z3.And(clauses), spec.explain(lambda: {"evicted_round": order}), witness if largest else None
+            spec.assumption(), z3.And(clauses), spec.explain({"evicted_round": order}), witness if largest else None
         )
 
 
@@ -300,7 +302,7 @@ def _e4_lock_adds_one(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation
         claim = z3.And([locked[k] == t.lock_ref[k] + z3.If(spec.on_path(k), 1, 0) for k in range(n)])
         witness = z3.And(spec.assumption(), spec.st.node == n - 1, *(t.parent[i] == i - 1 for i in range(1, n)))
         yield Obligation(
-            spec.assumption(), claim, spec.explain(lambda: {"locked_to": locked}, node=True), witness if largest else None
+            spec.assumption(), claim, spec.explain({"locked_to": locked}, node=True), witness if largest else None
         )
 
 
@@ -313,7 +315,7 @@ def _e4_roundtrip(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
         claim = z3.And(_bool(ok), *(back[k] == t.lock_ref[k] for k in range(n)))
         witness = z3.And(spec.assumption(), spec.st.node > 0, z3.And([r == 0 for r in t.lock_ref]))
         yield Obligation(
-            spec.assumption(), claim, spec.explain(lambda: {"back_to": back}, node=True), witness if largest else None
+            spec.assumption(), claim, spec.explain({"back_to": back}, node=True), witness if largest else None
         )
 
 
@@ -329,7 +331,7 @@ def _e4_rejects_without_lock(subjects: Subjects, bounds: Bounds) -> Iterator[Obl
         )
         witness = z3.And(spec.assumption(), z3.Not(ok), spec.at_node([r > 0 for r in t.lock_ref]))
         yield Obligation(
-            spec.assumption(), claim, spec.explain(lambda: {"unlocked_to": after}, node=True), witness if largest else None
+            spec.assumption(), claim, spec.explain({"unlocked_to": after}, node=True), witness if largest else None
         )
 
 
@@ -342,7 +344,7 @@ def _e4_no_underflow(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]
         yield Obligation(
             spec.assumption(),
             z3.And([r >= 0 for r in after]),
-            spec.explain(lambda: {"unlocked_to": after}, node=True),
+            spec.explain({"unlocked_to": after}, node=True),
             witness if largest else None,
         )
 
@@ -360,7 +362,7 @@ def _coalesce_exact(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
         page = z3.Int("page")
         clauses = []
         for s, slot in enumerate(slots):
-            valid, first, count = _bool(slot.valid), _int(slot.first_page), _int(slot.page_count)
+            valid, count = _bool(slot.valid), _int(slot.page_count)
             clauses.append(z3.Implies(valid, z3.And(count >= 1, s + count <= length)))
             if s > 0:  # maximal: a run starts only where the page does not continue the one before
                 clauses.append(z3.Implies(valid, pages[s] != pages[s - 1] + 1))
@@ -429,7 +431,7 @@ def _split_union(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
         def pages_in(slots: Any) -> Any:
             return z3.Sum([z3.IntVal(0)] + [z3.If(_bool(s.valid), _int(s.page_count), 0) for s in slots])
 
-        def member(slots: Any) -> Any:
+        def member(slots: Any, page: Any = page) -> Any:
             return _bool(subjects.pageruns.contains_slots(Z3OPS, slots, page))
 
         original = _bool(subjects.pageruns.contains_slots(Z3OPS, runs, page))

@@ -127,7 +127,9 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
         with guard(SECTION, f"B={batch}"):
             max_tokens = -(-total // ps) * ps + ps
             pages = batch * (max_tokens // ps) + 8
-            rt = make_runtime(args, device, NullRunner(device), tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0)
+            rt = make_runtime(
+                args, device, NullRunner(device), tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0
+            )
             try:
                 requests = [rt.open_request() for _ in range(batch)]
                 if args.cpu_context:

@@ -18,7 +18,18 @@ from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Demote
 class Decode:
     """B decoding requests of `context` tokens, plus `extents` backed-up, demoted prefixes of `extent_pages`."""
 
-    def __init__(self, args: Any, device: torch.device, *, extents: int, extent_pages: int, growth: int, l2_extra: int = 0, width_mult: int | None = None, runtime_options: dict | None = None):
+    def __init__(
+        self,
+        args: Any,
+        device: torch.device,
+        *,
+        extents: int,
+        extent_pages: int,
+        growth: int,
+        l2_extra: int = 0,
+        width_mult: int | None = None,
+        runtime_options: dict | None = None,
+    ):
         self.args, self.device = args, device
         ps = self.page_size = args.overlap_page_size
         batch, context = args.decode_batch, args.context
@@ -29,7 +40,14 @@ class Decode:
         #: the bench model the runtime runs (its `marks` record compute events)
         self.runner = bench_runner(args, device, read_context=True, max_new_tokens=256, width_mult=width_mult)
         self.rt = rt = make_runtime(
-            args, device, self.runner, page_size=ps, max_requests=batch + 4, max_request_tokens=max_tokens, l1_pages=l1, l2_pages=l2,
+            args,
+            device,
+            self.runner,
+            page_size=ps,
+            max_requests=batch + 4,
+            max_request_tokens=max_tokens,
+            l1_pages=l1,
+            l2_pages=l2,
             **(runtime_options or {}),
         )
         try:

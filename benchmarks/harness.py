@@ -232,10 +232,7 @@ class BenchRunner:
         gen = torch.Generator(device=device).manual_seed(seed)
         layers, heads, head_dim = kv_shape
         self.hidden = hidden
-        self.weights = [
-            torch.randn(hidden, hidden * width_mult, generator=gen, device=device, dtype=dtype) * hidden**-0.5
-            for _ in range(weight_layers)
-        ]
+        self.weights = [torch.randn(hidden, hidden * width_mult, generator=gen, device=device, dtype=dtype) * hidden**-0.5 for _ in range(weight_layers)]
         self.x = torch.randn(512, hidden, generator=gen, device=device, dtype=dtype)
         self.kv_values = torch.randn(layers, 2, max_new_tokens, heads, head_dim, generator=gen, device=device, dtype=dtype)
         #: when a list, each forward appends CUDA events (host launch, compute start, compute end)

@@ -177,6 +177,4 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                 unthrottled_busy_ms=ub * 1e3,
                 unthrottled=unthrottled,
             )
-            rows.append(
-                Row(SECTION, f"decode ITL with background write-back ({path})", "ms", mb * 1e3, mq * 1e3, "no write-back", "ratio", "<=", 1.03, detail)
-            )
+            rows.append(Row(SECTION, f"decode ITL with background write-back ({path})", "ms", mb * 1e3, mq * 1e3, "no write-back", "ratio", "<=", 1.03, detail))

@@ -234,7 +234,12 @@ def _measure(args: Any, device: torch.device, pages: int, rows: list[Row], guard
                         waited_two_phase_per_step_ms=two["waited_per_step_ms"],
                         restore_issue_two_phase_per_step_ms=two["issue_per_step_ms"],
                         restore_gpu_two_phase_per_step_ms=two["restore_gpu_per_step_ms"],
-                        allocator_per_mode={"compute": compute["allocator"], "two_phase": two["allocator"], "one_phase": one["allocator"], "compute_again": compute2["allocator"]},
+                        allocator_per_mode={
+                            "compute": compute["allocator"],
+                            "two_phase": two["allocator"],
+                            "one_phase": one["allocator"],
+                            "compute_again": compute2["allocator"],
+                        },
                         context_chunk=args.context_chunk,
                         transfer_fits_under_compute=gpu_tx < two["compute_s"],
                     )
@@ -242,8 +247,11 @@ def _measure(args: Any, device: torch.device, pages: int, rows: list[Row], guard
                 else:
                     e2, e1 = detail["step_time_exposed_two_phase"], detail["step_time_exposed_one_phase"]
                     ratio = tx / tc
-                    detail.update(method="step time (two-phase or one-phase - compute only) / restore time", transfer_fits_under_compute=tx < tc,
-                                  transfer_over_compute=ratio)
+                    detail.update(
+                        method="step time (two-phase or one-phase - compute only) / restore time",
+                        transfer_fits_under_compute=tx < tc,
+                        transfer_over_compute=ratio,
+                    )
                     fit = (tx / pages, tc)
                 detail.update(raw_two_phase=e2, raw_one_phase=e1)
                 rows.append(

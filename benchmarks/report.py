@@ -73,9 +73,7 @@ def table(rows: list[Row], failures: list[Failure]) -> str:
     lines = [header]
     for r in rows:
         met = "-" if r.met is None else ("yes" if r.met else "NO")
-        lines.append(
-            (f"{r.measurement}", f"{_num(r.value)} {r.unit}", f"{_num(r.baseline)} {r.unit} ({r.baseline_name})", _num(r.ratio), r.target, met)
-        )
+        lines.append((f"{r.measurement}", f"{_num(r.value)} {r.unit}", f"{_num(r.baseline)} {r.unit} ({r.baseline_name})", _num(r.ratio), r.target, met))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []
     for n, line in enumerate(lines):
@@ -92,9 +90,7 @@ def markdown(rows: list[Row]) -> str:
     out = ["| measurement | value | baseline | ratio | target | met |", "|---|---|---|---|---|---|"]
     for r in rows:
         met = "-" if r.met is None else ("yes" if r.met else "**no**")
-        out.append(
-            f"| {r.measurement} | {_num(r.value)} {r.unit} | {_num(r.baseline)} {r.unit} ({r.baseline_name}) | {_num(r.ratio)} | {r.target} | {met} |"
-        )
+        out.append(f"| {r.measurement} | {_num(r.value)} {r.unit} | {_num(r.baseline)} {r.unit} ({r.baseline_name}) | {_num(r.ratio)} | {r.target} | {met} |")
     return "\n".join(out)
 
 

@@ -9,9 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _check(*argv, cwd=ROOT):
-    return subprocess.run(
-        [sys.executable, "-m", "cacheruntime.cli", "check", *argv], cwd=cwd, capture_output=True, text=True
-    )
+    return subprocess.run([sys.executable, "-m", "cacheruntime.cli", "check", *argv], cwd=cwd, capture_output=True, text=True)
 
 
 def test_gate_passes_and_writes_junit(tmp_path):

@@ -177,9 +177,12 @@ def test_a_field_missing_from_the_ledger_is_reported_with_its_row(tree):
     _edit(tree / "src/cacheruntime/runtime/ledger/records.py", "    tags: list\n", "    believed: list\n")
     problems = glossary.check(tree)
     line = next(r.line for r in glossary.read_rows(tree / glossary.GLOSSARY) if "Pool.tags" in r.names("runtime"))
-    assert any(f"spec/glossary.md:{line} " in p and "runtime" in p and "`Pool.tags` not found in src/cacheruntime/runtime/local.py, src/cacheruntime/runtime/ledger" in p for p in problems), (
-        problems
-    )
+    assert any(
+        f"spec/glossary.md:{line} " in p
+        and "runtime" in p
+        and "`Pool.tags` not found in src/cacheruntime/runtime/local.py, src/cacheruntime/runtime/ledger" in p
+        for p in problems
+    ), problems
     assert any("runtime field `Pool.believed`" in p and "has no row" in p for p in problems), problems
 
 

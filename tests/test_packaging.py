@@ -30,9 +30,7 @@ def _cli(blocked: str, *argv: str, cwd: Path = ROOT, pythonpath: str | None = No
     """`cacheruntime ARGV` in a fresh interpreter in which the modules `blocked` (comma-separated) cannot be imported."""
     env = dict(os.environ, PYTHONPATH=pythonpath or PACKAGE_PARENT)
     env.pop("CACHERUNTIME_TLA2TOOLS", None)
-    return subprocess.run(
-        [sys.executable, "-c", BLOCK + RUN_CLI, blocked, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-c", BLOCK + RUN_CLI, blocked, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +45,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             (tmp / "src" / name).write_bytes(source.read_bytes())
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist"), str(tmp / "src")],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (built,) = (tmp / "dist").glob("cacheruntime-*.whl")
     return built
@@ -65,9 +65,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_ships_the_spec_files_and_not_the_benchmark(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     spec_files = [p for pattern in ("tla/*.tla", "tla/*.cfg", "tla/manifest.json", "spec/*.md") for p in ROOT.glob(pattern)]
-    assert {"tla/CacheRuntime.tla", "tla/manifest.json", "spec/protocol.md", "spec/invariants.md"} <= {
-        p.relative_to(ROOT).as_posix() for p in spec_files
-    }
+    assert {"tla/CacheRuntime.tla", "tla/manifest.json", "spec/protocol.md", "spec/invariants.md"} <= {p.relative_to(ROOT).as_posix() for p in spec_files}
     for path in spec_files:
         assert f"cacheruntime/_specfiles/{path.relative_to(ROOT).as_posix()}" in names
     assert not [n for n in names if n.startswith(("benchmarks/", "cacheruntime/bench/", "tests/"))]
@@ -81,8 +79,13 @@ def test_trace_and_tlc_work_from_the_wheel_without_a_checkout_or_extras(installe
     assert "0 problems" in trace.stdout
     models = _cli(BARE, "tlc", "--list", cwd=tmp_path, pythonpath=str(installed))
     assert models.returncode == 0 and "default" in models.stdout, models.stdout + models.stderr
-    where = subprocess.run([sys.executable, "-c", "import cacheruntime.specfiles as s; print(s.root())"],
-                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(installed)), capture_output=True, text=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import cacheruntime.specfiles as s; print(s.root())"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(installed)),
+        capture_output=True,
+        text=True,
+    )
     assert where.stdout.strip() == str(installed / "cacheruntime" / "_specfiles")
 
 

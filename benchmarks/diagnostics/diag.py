@@ -29,8 +29,18 @@ from benchmarks.hooks import KVMemory
 
 def _mem(pages: int, dma_mib: int, uva: float = 0.0, pool: int | None = None) -> KVMemory:
     pool = pool or 2 * pages + 8
-    return KVMemory(device=torch.device("cuda"), l1_pages=pool, l2_pages=pool, page_size=16, layers=32, heads=8,
-                    head_dim=128, dtype=torch.bfloat16, dma_bytes=dma_mib << 20, uva_max_run=uva)
+    return KVMemory(
+        device=torch.device("cuda"),
+        l1_pages=pool,
+        l2_pages=pool,
+        page_size=16,
+        layers=32,
+        heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        dma_bytes=dma_mib << 20,
+        uva_max_run=uva,
+    )
 
 
 def _run1_patterns(side: torch.cuda.Stream, pages: int = 256, rounds: int = 3) -> dict:
@@ -73,8 +83,15 @@ def _run1_patterns(side: torch.cuda.Stream, pages: int = 256, rounds: int = 3) -
         del mem
         torch.cuda.empty_cache()
     nbytes = pages * 2 * 2**20
-    return {key: {"path": paths[key], "median_GBps": round(nbytes / statistics.median(v) / 1e6, 2),
-                  "min_GBps": round(nbytes / max(v) / 1e6, 2), "max_GBps": round(nbytes / min(v) / 1e6, 2)} for key, v in times.items()}
+    return {
+        key: {
+            "path": paths[key],
+            "median_GBps": round(nbytes / statistics.median(v) / 1e6, 2),
+            "min_GBps": round(nbytes / max(v) / 1e6, 2),
+            "max_GBps": round(nbytes / min(v) / 1e6, 2),
+        }
+        for key, v in times.items()
+    }
 
 
 def _uva_available() -> bool:
@@ -174,8 +191,18 @@ def _chunk_sizes(side: torch.cuda.Stream, pages: int = 256) -> dict:
     nbytes = pages * 2 * 2**20
     out: dict = _pinned_copies(side, nbytes)
     for chunk_mib in (128, 64, 32):
-        mem = KVMemory(device=torch.device("cuda"), l1_pages=pool, l2_pages=pool, page_size=16, layers=32, heads=8, head_dim=128,
-                       dtype=torch.bfloat16, chunk_bytes=chunk_mib << 20, uva_max_run=0.0)
+        mem = KVMemory(
+            device=torch.device("cuda"),
+            l1_pages=pool,
+            l2_pages=pool,
+            page_size=16,
+            layers=32,
+            heads=8,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            chunk_bytes=chunk_mib << 20,
+            uva_max_run=0.0,
+        )
         for run in (1, 8, 64):
             rng = random.Random(run)
             src = scattered_runs(list(range(pool)), run, pages, rng)[:pages]
@@ -310,8 +337,11 @@ def main(path: str) -> None:
             r = [_timed_on(side, functools.partial(mem.restore, src, dst)) for _ in range(3)]
             b = [_timed_on(side, functools.partial(mem.backup, dst, src)) for _ in range(3)]
             torch.cuda.synchronize()
-            out[f"run1_uva{uva}"] = {"path": mem.last_path, "restore_GBps": 512 * 2**20 / statistics.median(ms(e) for e in r) / 1e6,
-                                     "backup_GBps": 512 * 2**20 / statistics.median(ms(e) for e in b) / 1e6}
+            out[f"run1_uva{uva}"] = {
+                "path": mem.last_path,
+                "restore_GBps": 512 * 2**20 / statistics.median(ms(e) for e in r) / 1e6,
+                "backup_GBps": 512 * 2**20 / statistics.median(ms(e) for e in b) / 1e6,
+            }
         except Exception as error:
             out[f"run1_uva{uva}"] = {"error": repr(error)}
         del mem

@@ -49,7 +49,9 @@ def decode_step(device: torch.device, batch: int, steps: int, report: list[str])
     args = SimpleNamespace(seed=0)
     max_tokens = -(-(context + 4 * steps + 64) // ps) * ps + ps
     pages = batch * (max_tokens // ps) + 8
-    rt = make_runtime(args, device, NullRunner(device), tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0)
+    rt = make_runtime(
+        args, device, NullRunner(device), tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0
+    )
     out: dict[str, Any] = {"batch": batch, "steps": steps}
     try:
         requests = [rt.open_request() for _ in range(batch)]

@@ -95,11 +95,7 @@ def main(args: argparse.Namespace) -> int:
     source = (
         read_trace(args.trace)
         if args.trace
-        else synthetic(
-            SyntheticConfig(
-                requests=args.requests, turns=args.turns, new_tokens=tuple(args.new_tokens), vocab=vocab or 97, seed=args.seed
-            )
-        )
+        else synthetic(SyntheticConfig(requests=args.requests, turns=args.turns, new_tokens=tuple(args.new_tokens), vocab=vocab or 97, seed=args.seed))
     )
     mismatches = 0
     if vocab is not None:

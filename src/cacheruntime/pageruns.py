@@ -72,9 +72,7 @@ def split_slots(ops: Any, slots: Sequence[RunSlot], at_page: Any) -> tuple[tuple
 
 def contains_slots(ops: Any, slots: Sequence[RunSlot], page: Any) -> Any:
     """Whether a valid slot covers `page`."""
-    return ops.Or(
-        *(ops.And(s.valid, s.first_page <= page, page < s.first_page + s.page_count) for s in slots)
-    )
+    return ops.Or(*(ops.And(s.valid, s.first_page <= page, page < s.first_page + s.page_count) for s in slots))
 
 
 def _runs(slots: Sequence[RunSlot]) -> tuple[PageRun, ...]:

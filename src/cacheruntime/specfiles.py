@@ -51,8 +51,13 @@ def sources(folder: Path) -> Path:
 
 def add_repo_option(parser: argparse.ArgumentParser) -> None:
     """`--repo DIR`, the same for every command that reads the spec files."""
-    parser.add_argument("--repo", type=_checkout, metavar="DIR", default=None,
-                        help="a cacheruntime checkout whose spec/ and tla/ to use (default: this one, else the copy in the wheel)")
+    parser.add_argument(
+        "--repo",
+        type=_checkout,
+        metavar="DIR",
+        default=None,
+        help="a cacheruntime checkout whose spec/ and tla/ to use (default: this one, else the copy in the wheel)",
+    )
 
 
 def _checkout(text: str) -> Path:

@@ -173,12 +173,14 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str
         if rec is None:
             batches.append({"state": "none", "slots": (), "startTokens": (), "ends": ()})
         else:
-            batches.append({
-                "state": st.finished[bid][0] if bid in st.finished else rec.state,
-                "slots": rec.slots,
-                "startTokens": rec.start_tokens,
-                "ends": rec.ends,
-            })
+            batches.append(
+                {
+                    "state": st.finished[bid][0] if bid in st.finished else rec.state,
+                    "slots": rec.slots,
+                    "startTokens": rec.start_tokens,
+                    "ends": rec.ends,
+                }
+            )
     transfers = []
     for tid in range(b.MaxTransfers):
         t = st.transfers.get(tid)
@@ -522,8 +524,9 @@ class TraceResult:
     output: str = field(default="", repr=False)
 
 
-def validate(traces: list[list[Step]], bounds: Bounds = Bounds(), *, spec: Path | None = None, workers: int = 1,
-             java: str = "java", jar: str | None = None) -> TraceResult:
+def validate(
+    traces: list[list[Step]], bounds: Bounds = Bounds(), *, spec: Path | None = None, workers: int = 1, java: str = "java", jar: str | None = None
+) -> TraceResult:
     """Replay `traces` against the spec with TLC; report the first step that differs."""
     jar = jar or str(find_jar())
     module, cfg = trace_module(traces, bounds)
@@ -534,9 +537,23 @@ def validate(traces: list[list[Step]], bounds: Bounds = Bounds(), *, spec: Path 
         (work / "TraceCheck.tla").write_text(module)
         (work / "TraceCheck.cfg").write_text(cfg)
         proc = subprocess.run(
-            [java, "-XX:+UseParallelGC", "-cp", jar, "tlc2.TLC", "-workers", str(workers), "-metadir", str(work / "states"),
-             "-config", "TraceCheck.cfg", "TraceCheck.tla"],
-            cwd=work, capture_output=True, text=True,
+            [
+                java,
+                "-XX:+UseParallelGC",
+                "-cp",
+                jar,
+                "tlc2.TLC",
+                "-workers",
+                str(workers),
+                "-metadir",
+                str(work / "states"),
+                "-config",
+                "TraceCheck.cfg",
+                "TraceCheck.tla",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
         )
     out = proc.stdout + proc.stderr
     seconds = time.monotonic() - started

@@ -111,8 +111,20 @@ def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path 
             shutil.copy(tla_dir / extra, work / Path(extra).name)
         shutil.copy(tla_dir / model["config"], work / "MC.cfg")
         module = model.get("module", SPEC)
-        cmd = [java, "-XX:+UseParallelGC", "-Xss16m", "-cp", str(jar), "tlc2.TLC", "-workers", str(workers),
-               "-metadir", str(work / "states"), "-config", "MC.cfg"]
+        cmd = [
+            java,
+            "-XX:+UseParallelGC",
+            "-Xss16m",
+            "-cp",
+            str(jar),
+            "tlc2.TLC",
+            "-workers",
+            str(workers),
+            "-metadir",
+            str(work / "states"),
+            "-config",
+            "MC.cfg",
+        ]
         if not model.get("check_deadlock", False):
             cmd.append("-deadlock")
         cmd.append(module)
@@ -124,7 +136,13 @@ def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path 
         sys.stderr.write(f"--- TLC output for {name} ---\n{out[-4000:]}\n")
     pinned = model.get("distinct_states") if model.get("expect") == "pass" else None
     return Outcome(
-        name, expected, got, distinct, depth, seconds, proc.returncode,
+        name,
+        expected,
+        got,
+        distinct,
+        depth,
+        seconds,
+        proc.returncode,
         pinned_distinct=pinned,
         pinned_depth=model.get("depth") if model.get("expect") == "pass" else None,
     )
@@ -138,8 +156,17 @@ def run_trace_check(model: dict, *, workers: int, java: str, jar: Path, tla_dir:
     traces = [tlatrace.random_trace(seed + i, steps) for i in range(n)]
     result = tlatrace.validate(traces, spec=tla_dir / SPEC, workers=workers, java=java, jar=str(jar))
     got = "pass" if result.ok else "divergence"
-    outcome = Outcome(model["name"], expected_label(model), got, result.distinct, None, result.seconds, 0 if result.ok else 1,
-                      pinned_distinct=model.get("distinct_states"), note=result.divergence)
+    outcome = Outcome(
+        model["name"],
+        expected_label(model),
+        got,
+        result.distinct,
+        None,
+        result.seconds,
+        0 if result.ok else 1,
+        pinned_distinct=model.get("distinct_states"),
+        note=result.divergence,
+    )
     return outcome
 
 
@@ -203,8 +230,7 @@ def main(args: argparse.Namespace) -> int:
         if model.get("kind") == "trace":
             outcome = run_trace_check(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent)
         else:
-            outcome = run_model(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent,
-                                verbose=args.verbose)
+            outcome = run_model(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent, verbose=args.verbose)
         outcomes.append(outcome)
         print(f"{outcome.name}: {outcome.got} ({outcome.distinct} states, {outcome.seconds:.1f}s)", flush=True)
     print(format_table(outcomes))

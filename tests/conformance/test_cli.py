@@ -30,8 +30,7 @@ def test_failure_prints_a_runnable_reproduction_and_exits_1(tmp_path, capsys):
 def test_expected_failure_gates_and_stale_entry_is_reported(tmp_path, capsys):
     expected = tmp_path / "expected.toml"
     expected.write_text('[[expected]]\nid = "O4"\nreason = "known"\n\n[[expected]]\nid = "R4"\nreason = "fixed long ago"\n')
-    argv = ["conformance", "--runtime", MUTANT, "--option", "name=model.execute_twice", "--check", "core",
-            "--no-shrink", "--expected", str(expected)]
+    argv = ["conformance", "--runtime", MUTANT, "--option", "name=model.execute_twice", "--check", "core", "--no-shrink", "--expected", str(expected)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "XFAIL" in out and "XPASS: expected failure 'R4'" in out

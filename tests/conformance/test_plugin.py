@@ -8,7 +8,9 @@ def _run_project(tmp_path, *options):
     (tmp_path / "test_engine_conformance.py").write_text("from cacheruntime.conformance.suite import *  # noqa: F403\n")
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "core or tiers", "-rsx", *options],
-        cwd=tmp_path, capture_output=True, text=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -20,8 +22,11 @@ def test_plugin_passes_for_the_local_runtime(tmp_path):
 
 def test_plugin_fails_for_a_mutant_with_its_reproduction(tmp_path):
     run = _run_project(
-        tmp_path, "--cacheruntime-factory", "cacheruntime.conformance.mutants:build",
-        "--cacheruntime-option", "name=local.no_generation_bump_on_close",
+        tmp_path,
+        "--cacheruntime-factory",
+        "cacheruntime.conformance.mutants:build",
+        "--cacheruntime-option",
+        "name=local.no_generation_bump_on_close",
     )
     assert run.returncode == 1, run.stdout[-3000:]
     assert "[H2]" in run.stdout and "# Reproduces a conformance failure" in run.stdout

@@ -13,9 +13,7 @@ def publish_row(model, tokens):
     """Compute `tokens` in a fresh request, publish its full pages, close it; return the extent."""
     request = model.open_request()
     pages = len(tokens) // PS
-    completion = model.execute_batch(
-        model.prepare_batch(BatchPlan((BatchItem(request, tuple(tokens)),), (Publish(request, 0, pages), Close(request))))
-    )
+    completion = model.execute_batch(model.prepare_batch(BatchPlan((BatchItem(request, tuple(tokens)),), (Publish(request, 0, pages), Close(request)))))
     return completion.published[0]
 
 

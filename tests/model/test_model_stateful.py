@@ -314,10 +314,7 @@ class ModelMachine(RuleBasedStateMachine):
                 attach = tuple(self.draw_extent(data) for _ in range(data.draw(st.integers(1, 2))))
             n = data.draw(st.integers(0, 2 * self.ps))
             items.append(BatchItem(request, tuple(range(n)), attach, data.draw(st.booleans())))
-        intents = tuple(
-            self.draw_intent(data, [Backup, Restore, Restore, Demote, Drop, Release, Publish, Close])
-            for _ in range(data.draw(st.integers(0, 2)))
-        )
+        intents = tuple(self.draw_intent(data, [Backup, Restore, Restore, Demote, Drop, Release, Publish, Close]) for _ in range(data.draw(st.integers(0, 2))))
         self.do_prepare(BatchPlan(tuple(items), intents))
 
     @rule(data=st.data())
@@ -436,7 +433,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def execute_batch(self, data):
-        if self.nothing_live(data, [b for b, v in self.bstate.items() if v[0] == 'prepared']):
+        if self.nothing_live(data, [b for b, v in self.bstate.items() if v[0] == "prepared"]):
             return
         self.do_execute(self.draw_batch(data))
 
@@ -484,7 +481,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def cancel_batch(self, data):
-        if self.nothing_live(data, [b for b, v in self.bstate.items() if v[0] == 'prepared']):
+        if self.nothing_live(data, [b for b, v in self.bstate.items() if v[0] == "prepared"]):
             return
         b = self.draw_batch(data)
         expect = self.batch_status(b)
@@ -804,9 +801,7 @@ def _ci_examples() -> int:
     return max(200, settings.default.max_examples)
 
 
-ModelMachine.TestCase.settings = settings(
-    settings.default, max_examples=_ci_examples(), stateful_step_count=max(100, settings.default.stateful_step_count)
-)
+ModelMachine.TestCase.settings = settings(settings.default, max_examples=_ci_examples(), stateful_step_count=max(100, settings.default.stateful_step_count))
 TestModelMachine = ModelMachine.TestCase
 
 
@@ -875,8 +870,13 @@ MUTANTS = [FreesAtOneHolder, NoGenerationCheck, NoDeferredFree, ComputeSkipsRest
 def test_mutants_are_caught(mutant):
     machine = type(f"{mutant.__name__}Machine", (ModelMachine,), {"model_factory": mutant})
     quick = settings(
-        max_examples=300, stateful_step_count=50, derandomize=True, database=None, deadline=None,
-        phases=[Phase.generate], report_multiple_bugs=False,
+        max_examples=300,
+        stateful_step_count=50,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        report_multiple_bugs=False,
     )
     with pytest.raises((AssertionError, KeyError)):
         run_state_machine_as_test(machine, settings=quick)

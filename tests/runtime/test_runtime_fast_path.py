@@ -72,9 +72,7 @@ class Walk:
         restore = rng.choice(self.extents) if self.extents and rng.random() < 0.2 else None
 
         def build(side: int, container):
-            items = container(
-                BatchItem(h[side], tuple(range(1, n + 1)), (x[side],) if x else (), append) for h, (n, x, append) in zip(chosen, specs)
-            )
+            items = container(BatchItem(h[side], tuple(range(1, n + 1)), (x[side],) if x else (), append) for h, (n, x, append) in zip(chosen, specs))
             return BatchPlan(items, (Restore(restore[side]),) if restore else ())
 
         immutable = all(n == 1 and not x and not a for n, x, a in specs) and not restore

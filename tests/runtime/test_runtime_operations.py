@@ -40,8 +40,8 @@ from cacheruntime.protocol import (
     UnknownHandle,
     WouldLoseData,
 )
-from cacheruntime.runtime.factories import conformance, local
 from cacheruntime.runtime.device.layer import Launched
+from cacheruntime.runtime.factories import conformance, local
 
 
 @pytest.fixture
@@ -77,8 +77,12 @@ def test_info_and_capabilities(device):
     assert isinstance(rt, RuntimeInterface)
     assert (info.page_size, info.max_requests, info.max_request_tokens, info.l1_pages, info.l2_pages) == (PS, 4, 32, 12, 24)
     assert info.capabilities == {
-        Capability.L2, Capability.ASYNC_TRANSFERS, Capability.INTROSPECTION,
-        Capability.RESTART, Capability.DELAY_KNOB, Capability.TAGGED_COMPUTE,
+        Capability.L2,
+        Capability.ASYNC_TRANSFERS,
+        Capability.INTROSPECTION,
+        Capability.RESTART,
+        Capability.DELAY_KNOB,
+        Capability.TAGGED_COMPUTE,
     }
     # default decoder: 2 layers, K and V, 2 heads of 16 float32 values per token
     assert info.page_bytes == 2 * 2 * PS * 2 * 16 * 4

@@ -183,8 +183,26 @@ def random_walk(t: Twin, rng: random.Random, steps: int) -> None:
             seq.remove(value)
 
     for _ in range(steps):
-        op = rng.choice(["open", "close", "compute", "compute", "compute", "publish", "submit", "submit", "release",
-                         "split", "retain", "poll", "poll", "wait", "pending", "restart"])
+        op = rng.choice(
+            [
+                "open",
+                "close",
+                "compute",
+                "compute",
+                "compute",
+                "publish",
+                "submit",
+                "submit",
+                "release",
+                "split",
+                "retain",
+                "poll",
+                "poll",
+                "wait",
+                "pending",
+                "restart",
+            ]
+        )
         h = rng.choice(handles) if handles else None
         x = rng.choice(extents) if extents else None
         try:

@@ -30,9 +30,12 @@ EXPECTED = ADAPTER_DIR / "expected-failures.toml"
 def _conformance(expected, *extra):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(ADAPTER_DIR / "stubs")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "cacheruntime.cli", "conformance", "--runtime", FACTORY, "--expected", str(expected),
-         "--no-shrink", *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "cacheruntime.cli", "conformance", "--runtime", FACTORY, "--expected", str(expected), "--no-shrink", *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     return proc.returncode, proc.stdout + proc.stderr
 

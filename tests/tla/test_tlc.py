@@ -64,8 +64,22 @@ def test_traces_of_the_model_follow_the_spec(traces):
     assert result.ok, result.divergence
     assert result.traces >= 50
     ops = {s.op for t in traces for s in t}
-    assert ops >= {"OpenRequest", "CloseRequest", "PrepareBatch", "ExecuteBatch", "CancelBatch", "Publish", "Split",
-                   "Retain", "Release", "Submit", "PollCompletions", "WaitCompletions", "Restart", "CompleteTransfer"}
+    assert ops >= {
+        "OpenRequest",
+        "CloseRequest",
+        "PrepareBatch",
+        "ExecuteBatch",
+        "CancelBatch",
+        "Publish",
+        "Split",
+        "Retain",
+        "Release",
+        "Submit",
+        "PollCompletions",
+        "WaitCompletions",
+        "Restart",
+        "CompleteTransfer",
+    }
     assert any(not s.ok for t in traces for s in t), "failed calls (stale handles, errors) are checked too"
 
 

@@ -55,10 +55,7 @@ def _substitute(terms, pairs):
 
 
 def _pairs(variables, values):
-    return [
-        (var, z3.BoolVal(val) if isinstance(val, bool) else z3.IntVal(val))
-        for var, val in zip(variables, values, strict=True)
-    ]
+    return [(var, z3.BoolVal(val) if isinstance(val, bool) else z3.IntVal(val)) for var, val in zip(variables, values, strict=True)]
 
 
 @st.composite

@@ -24,11 +24,7 @@ def _naive_order(t: policy.TreeView, need: int) -> tuple[int, ...]:
     order = [0] * size
     freed, round_ = 0, 0
     while freed < need:
-        leaves = [
-            v
-            for v in range(1, size)
-            if resident[v] and not locked_below(v) and not any(resident[c] for c in children[v])
-        ]
+        leaves = [v for v in range(1, size) if resident[v] and not locked_below(v) and not any(resident[c] for c in children[v])]
         if not leaves:
             break
         victim = min(leaves, key=lambda v: (t.last_access[v], v))

@@ -160,8 +160,14 @@ class SGLangRuntime:
     def info(self) -> RuntimeInfo:
         caps = {Capability.L2} if self.l2_pages else set()
         return RuntimeInfo(
-            self.runtime_id, 0, self.page_size, self.max_requests, self.max_request_tokens,
-            self.l1_pages, self.l2_pages, frozenset(caps),
+            self.runtime_id,
+            0,
+            self.page_size,
+            self.max_requests,
+            self.max_request_tokens,
+            self.l1_pages,
+            self.l2_pages,
+            frozenset(caps),
         )
 
     # -- helpers: translation only ---------------------------------------------------------

@@ -65,9 +65,7 @@ def build_stack(
 
     tokens = l1_pages * page_size
     req_pool = ReqToTokenPool(size=max_requests, max_context_len=max_request_tokens, device="cpu", enable_memory_saver=False)
-    kv = MHATokenToKVPool(
-        tokens, page_size, torch.float32, 1, head_dim, layer_num, "cpu", False, start_layer=0, end_layer=layer_num
-    )
+    kv = MHATokenToKVPool(tokens, page_size, torch.float32, 1, head_dim, layer_num, "cpu", False, start_layer=0, end_layer=layer_num)
     if paged is None:
         paged = page_size > 1
     if paged:
@@ -99,7 +97,5 @@ def build_stack(
             io_backend="direct",
             write_policy="write_through",
         )
-    tree = RadixCache(
-        CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=page_size)
-    )
+    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=page_size))
     return Stack(page_size, req_pool, kv, allocator, host, controller, tree)

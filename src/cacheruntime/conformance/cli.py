@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _write_junit(path: str, target: str, outcomes: list[Outcome], expected: dict[str, str]) -> None:
     suite = ElementTree.Element(
-        "testsuite", name="cacheruntime-conformance", tests=str(len(outcomes)),
+        "testsuite",
+        name="cacheruntime-conformance",
+        tests=str(len(outcomes)),
         failures=str(sum(o.status == "failed" and o.check not in expected for o in outcomes)),
         skipped=str(sum(o.status == "skipped" or o.check in expected for o in outcomes)),
     )
@@ -103,10 +105,17 @@ def kill_table(shrink: bool, names: list[str] | None = None) -> tuple[list[tuple
             if outcome.status == "failed":
                 killer = outcome
                 break
-        rows.append((
-            name, mutant.invariant, killer is not None, killer.check if killer else "-",
-            ",".join(killer.ids) if killer else "-", killer.steps if killer else "-", time.monotonic() - started,
-        ))
+        rows.append(
+            (
+                name,
+                mutant.invariant,
+                killer is not None,
+                killer.check if killer else "-",
+                ",".join(killer.ids) if killer else "-",
+                killer.steps if killer else "-",
+                time.monotonic() - started,
+            )
+        )
     return rows, all(row[2] for row in rows)
 
 

@@ -29,8 +29,12 @@ def profile(name: str, database: str | None = None, max_examples: int | None = N
     phases = tuple(Phase) if shrink else (Phase.explicit, Phase.reuse, Phase.generate)
     if name == "ci":
         return settings(
-            derandomize=True, database=None, max_examples=max_examples or 60, stateful_step_count=50,
-            phases=phases, **_COMMON,
+            derandomize=True,
+            database=None,
+            max_examples=max_examples or 60,
+            stateful_step_count=50,
+            phases=phases,
+            **_COMMON,
         )
     if name == "deep":
         from hypothesis.database import DirectoryBasedExampleDatabase

@@ -44,8 +44,7 @@ class Outcome:
 def claims_report(capabilities: frozenset[Capability]) -> list[str]:
     """One line per cross-cutting check: applied, or skipped because the runtime does not claim it."""
     return [
-        f"{'applied' if cap in capabilities else 'SKIPPED'}: {what}"
-        + ("" if cap in capabilities else f" (runtime does not claim {cap.name})")
+        f"{'applied' if cap in capabilities else 'SKIPPED'}: {what}" + ("" if cap in capabilities else f" (runtime does not claim {cap.name})")
         for cap, what in CROSS_CUTTING.items()
     ]
 
@@ -71,10 +70,7 @@ def _conformance_failure(raised: BaseException) -> ConformanceFailure:
 
 def _flaky_note(raised: BaseException) -> str:
     if isinstance(raised, BaseExceptionGroup) and not isinstance(raised, ConformanceFailure):
-        return (
-            "\n(flaky: the failure did not recur on replay; the runtime's timing decides it, "
-            "so the reproduction may need a few runs or a larger delay)"
-        )
+        return "\n(flaky: the failure did not recur on replay; the runtime's timing decides it, so the reproduction may need a few runs or a larger delay)"
     return ""
 
 
@@ -94,7 +90,12 @@ def run_check(target: Target, check: str, settings: Settings) -> Outcome:
         steps = _steps(list(getattr(raised, "__notes__", [])))
         count = sum(1 for s in steps if "state." in s and not s.startswith("state = ") and s not in ("state.start()", "state.teardown()"))
         return Outcome(
-            check, "failed", time.monotonic() - started, failure.ids, str(failure) + _flaky_note(raised),
-            reproduction(target, check, steps), count,
+            check,
+            "failed",
+            time.monotonic() - started,
+            failure.ids,
+            str(failure) + _flaky_note(raised),
+            reproduction(target, check, steps),
+            count,
         )
     return Outcome(check, "passed", time.monotonic() - started)

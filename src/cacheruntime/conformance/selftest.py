@@ -21,8 +21,19 @@ from cacheruntime.protocol import Capability, TransferKind
 
 #: The boundary operations; each advances the environment clock when it succeeds.
 OPERATIONS = (
-    "open_request", "close_request", "prepare_batch", "execute_batch", "cancel_batch", "publish",
-    "split", "retain", "release", "submit", "poll_completions", "wait_completions", "restart",
+    "open_request",
+    "close_request",
+    "prepare_batch",
+    "execute_batch",
+    "cancel_batch",
+    "publish",
+    "split",
+    "retain",
+    "release",
+    "submit",
+    "poll_completions",
+    "wait_completions",
+    "restart",
 )
 
 
@@ -83,6 +94,11 @@ def model_runtime(
 ) -> ModelRuntime:
     """Factory for `--runtime cacheruntime.conformance.selftest:model_runtime`."""
     return ModelRuntime(
-        latency=latency, runtime_id=runtime_id, page_size=page_size, max_requests=max_requests,
-        max_request_tokens=max_request_tokens, l1_pages=l1_pages, l2_pages=l2_pages,
+        latency=latency,
+        runtime_id=runtime_id,
+        page_size=page_size,
+        max_requests=max_requests,
+        max_request_tokens=max_request_tokens,
+        l1_pages=l1_pages,
+        l2_pages=l2_pages,
     )

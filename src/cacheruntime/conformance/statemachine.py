@@ -82,7 +82,11 @@ CHECKS: dict[str, Check] = {
         Check("tiers", frozenset({Capability.L2}), True, False, 0.0, "backup, restore, demote and drop, in plans and submit"),
         Check("restart", frozenset({Capability.RESTART}), True, True, 0.0, "restart with work in flight; every old handle stale"),
         Check(
-            "ordering", frozenset({Capability.L2, Capability.DELAY_KNOB}), True, False, ORDERING_DELAY,
+            "ordering",
+            frozenset({Capability.L2, Capability.DELAY_KNOB}),
+            True,
+            False,
+            ORDERING_DELAY,
             "O1-O3 with slow transfers (delay knob): compute and reuse wait for transfers",
         ),
     )
@@ -123,10 +127,7 @@ def projection(state: AbstractState, tagged: bool) -> dict[str, tuple[str, objec
         "pages": ("probe:pages", tuple((p.page, p.holders, p.l1, p.l2, p.versions) for p in state.pages)),
         "tags": (
             "D1",
-            tuple(
-                (p.page, p.l1_tags if p.l1 is CopyState.VALID else None, p.l2_tags if p.l2 is CopyState.VALID else None)
-                for p in state.pages
-            )
+            tuple((p.page, p.l1_tags if p.l1 is CopyState.VALID else None, p.l2_tags if p.l2 is CopyState.VALID else None) for p in state.pages)
             if tagged
             else (),
         ),
@@ -176,8 +177,7 @@ class RuntimeConformance(RuleBasedStateMachine):
             if not ready:
                 raise ConformanceFailure(
                     ("O3",),
-                    f"transfers {done} completed before the transfers they wait for "
-                    f"({ {t: sorted(self.model.state.transfers[t].waits_for) for t in done} })",
+                    f"transfers {done} completed before the transfers they wait for ({ {t: sorted(self.model.state.transfers[t].waits_for) for t in done} })",
                 )
             self.model.complete_transfer(ready[0])
             done.remove(ready[0])
@@ -207,9 +207,7 @@ class RuntimeConformance(RuleBasedStateMachine):
             found["H3"] += invariants.H3_open_takes_a_free_slot(before, value)
         violated = {k: v for k, v in found.items() if v}
         if violated:
-            raise ConformanceFailure(
-                tuple(violated), f"after {operation}: " + "; ".join(f"{k}: {v[0]}" for k, v in violated.items())
-            )
+            raise ConformanceFailure(tuple(violated), f"after {operation}: " + "; ".join(f"{k}: {v[0]}" for k, v in violated.items()))
         self._match_model(operation, after)
 
     def _match_model(self, operation: str, state: AbstractState) -> None:
@@ -219,8 +217,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         if diff:
             raise ConformanceFailure(
                 tuple(dict.fromkeys(mine[k][0] for k in diff)),
-                f"after {operation}, probe() differs from the model in "
-                + "; ".join(f"{k}: runtime {mine[k][1]!r}, model {theirs[k][1]!r}" for k in diff),
+                f"after {operation}, probe() differs from the model in " + "; ".join(f"{k}: runtime {mine[k][1]!r}, model {theirs[k][1]!r}" for k in diff),
             )
 
     def _call(self, operation: str, *args):
@@ -232,9 +229,7 @@ class RuntimeConformance(RuleBasedStateMachine):
             actual, error = _outcome(lambda: getattr(self.runtime, operation)(*args))
         except Exception as crash:  # a crash where the model refuses is evidence against what it refuses for
             ids = ids_for_error_mismatch(operation, model_error) if model_error is not None else (f"contract:{operation}",)
-            raise ConformanceFailure(
-                ids, f"{operation} raised {type(crash).__name__}: {crash} (not a CacheRuntimeError)"
-            ) from crash
+            raise ConformanceFailure(ids, f"{operation} raised {type(crash).__name__}: {crash} (not a CacheRuntimeError)") from crash
         if currently_in_test_context():  # outcome statistics (--hypothesis-show-statistics); not in a replayed script
             event(f"{operation}: {type(model_error).__name__ if model_error else 'ok'}")
         if model_error is not None and error is None:
@@ -243,9 +238,7 @@ class RuntimeConformance(RuleBasedStateMachine):
                 f"{operation} returned {actual!r}; the model raised {_describe_error(model_error)}: {model_error}",
             )
         if error is not None and model_error is None:
-            raise ConformanceFailure(
-                (f"contract:{operation}",), f"{operation} raised {_describe_error(error)}: {error}; the model returned {expected!r}"
-            )
+            raise ConformanceFailure((f"contract:{operation}",), f"{operation} raised {_describe_error(error)}: {error}; the model returned {expected!r}")
         if error is not None:
             if not _same_error(error, model_error):
                 handle_errors = (StaleHandle, ForeignRuntime, UnknownHandle)
@@ -291,18 +284,14 @@ class RuntimeConformance(RuleBasedStateMachine):
             transfer_id = completion.ticket.transfer_id
             if transfer_id in self.model.state.transfers:
                 if transfer_id not in self.model.completable():
-                    raise ConformanceFailure(
-                        ("O3",), f"{operation} reported transfer {transfer_id} before the transfers it waits for"
-                    )
+                    raise ConformanceFailure(("O3",), f"{operation} reported transfer {transfer_id} before the transfers it waits for")
                 self.model.complete_transfer(transfer_id)
         expected = getattr(self.model, operation)()
         # Completion order is the runtime's (the model cannot know it); the set must agree.
         ids = [c.ticket.transfer_id for c in reported]
         by_id = lambda cs: sorted(cs, key=lambda c: c.ticket.transfer_id)  # noqa: E731
         if len(set(ids)) != len(ids) or by_id(reported) != by_id(expected):
-            raise ConformanceFailure(
-                (f"contract:{operation}",), f"{operation} reported {reported!r}; the model has {expected!r} completed and unreported"
-            )
+            raise ConformanceFailure((f"contract:{operation}",), f"{operation} reported {reported!r}; the model has {expected!r} completed and unreported")
         self._judge(operation, before, reported)
         return reported
 
@@ -336,11 +325,7 @@ def _fixed_info(info: RuntimeInfo) -> RuntimeInfo:
 
 
 def _only_tokens_differ(actual, expected) -> bool:
-    return (
-        isinstance(actual, BatchCompletion)
-        and isinstance(expected, BatchCompletion)
-        and _without_tokens(actual) == _without_tokens(expected)
-    )
+    return isinstance(actual, BatchCompletion) and isinstance(expected, BatchCompletion) and _without_tokens(actual) == _without_tokens(expected)
 
 
 def machine_for(target: Target | str, options: dict | None = None, check: str = "core") -> type[RuntimeConformance]:
@@ -365,9 +350,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     some_tokens = st.lists(st.integers(0, 99), min_size=1, max_size=2 * ps + 1).map(tuple)
     attach = st.one_of(st.just(()), st.lists(extents, min_size=1, max_size=2).map(tuple))
     item = st.builds(BatchItem, request=requests, input_ids=some_tokens, append_previous_output=st.booleans())
-    item_with_prefix = st.builds(
-        BatchItem, request=requests, input_ids=tokens, attach=attach, append_previous_output=st.booleans()
-    )
+    item_with_prefix = st.builds(BatchItem, request=requests, input_ids=tokens, attach=attach, append_previous_output=st.booleans())
     extent_intents = [Release] + ([Backup, Restore, Demote, Drop] if tiers else [])
     request_intent = st.one_of(
         st.builds(Publish, request=requests, first_page=st.integers(0, row_pages), page_count=st.integers(1, 3)),

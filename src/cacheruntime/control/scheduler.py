@@ -241,13 +241,7 @@ class Scheduler:
             if prefill_tokens and prefill_tokens + compute > self.max_prefill_tokens:
                 return
             row_pages = self._pages(len(spec.prompt) + spec.max_new_tokens - 1)
-            committed = (
-                sum(r.private_pages for r in self.running)
-                + row_pages
-                - match.pages
-                + self.tree.locked_pages()
-                + self.tree.unlocked_pages(match)
-            )
+            committed = sum(r.private_pages for r in self.running) + row_pages - match.pages + self.tree.locked_pages() + self.tree.unlocked_pages(match)
             if committed > self.info.l1_pages:
                 return
             self.waiting.popleft()

@@ -306,11 +306,7 @@ class TreeCore:
         self.outbox = [
             out
             for intent in self.outbox
-            for out in (
-                (Backup(head_ref), Backup(tail_ref))
-                if isinstance(intent, Backup) and intent.extent == old
-                else (intent,)
-            )
+            for out in ((Backup(head_ref), Backup(tail_ref)) if isinstance(intent, Backup) and intent.extent == old else (intent,))
         ]
         return head
 

@@ -110,9 +110,7 @@ def synthetic(config: SyntheticConfig) -> ChainedSource:
     while len(roots) + len(follow_ups) < config.requests:
         system = systems[rng.randrange(len(systems))]
         parent = f"c{conversation}t0"
-        roots.append(
-            RequestSpec(parent, system + tokens(rng.randint(*config.user_tokens)), rng.randint(*config.new_tokens), conversation * config.arrival_gap)
-        )
+        roots.append(RequestSpec(parent, system + tokens(rng.randint(*config.user_tokens)), rng.randint(*config.new_tokens), conversation * config.arrival_gap))
         for turn in range(1, config.turns):
             if len(roots) + len(follow_ups) >= config.requests:
                 break

@@ -83,10 +83,7 @@ class Batches(Extents):
             start_pages.append(len(slot.pages))
             starts.append(end - item.new_tokens)
             ends.append(end)
-        need = sum(
-            -(-end // self.page_size) - held - sum(e.page_count for e in item.attach)
-            for end, held, item in zip(ends, start_pages, plan.items)
-        )
+        need = sum(-(-end // self.page_size) - held - sum(e.page_count for e in item.attach) for end, held, item in zip(ends, start_pages, plan.items))
         need += len(restoring)
         self.require_free(Tier.L1, need)
         for intent in plan.intents:
@@ -154,10 +151,7 @@ class Batches(Extents):
                 page.versions[position % self.page_size] = st.next_version
                 l1[page.copies[Tier.L1].phys][position % self.page_size] = st.next_version
                 st.next_version += 1
-            read = tuple(
-                l1[st.pages[slot.pages[pos // self.page_size]].copies[Tier.L1].phys][pos % self.page_size]
-                for pos in range(end)
-            )
+            read = tuple(l1[st.pages[slot.pages[pos // self.page_size]].copies[Tier.L1].phys][pos % self.page_size] for pos in range(end))
             slot.num_tokens = end
             slot.last_output = tag_digest(read)
             results.append(ItemResult(request, end, slot.last_output))

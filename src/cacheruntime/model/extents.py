@@ -52,8 +52,7 @@ class Extents(Transfers, HandleChecks):
         full = slot.num_tokens // self.page_size
         if intent.page_count < 1 or intent.first_page < 0 or intent.first_page + intent.page_count > full:
             raise InvalidPageRun(
-                f"row pages [{intent.first_page}, {intent.first_page + intent.page_count}) are not inside the "
-                f"{full} full pages written so far"
+                f"row pages [{intent.first_page}, {intent.first_page + intent.page_count}) are not inside the {full} full pages written so far"
             )
         pages = tuple(slot.pages[intent.first_page : intent.first_page + intent.page_count])
         for page in pages:

@@ -224,8 +224,14 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         tags = {tier: pool.tags for tier, pool in st.pools.items()}
         self.state = fresh_state(st.epoch + 1, generations, tags, st.next_version)
         return RuntimeInfo(
-            self.runtime_id, self.state.epoch, self.page_size, self.max_requests, self.max_request_tokens,
-            self.l1_pages, self.l2_pages, self.capabilities,
+            self.runtime_id,
+            self.state.epoch,
+            self.page_size,
+            self.max_requests,
+            self.max_request_tokens,
+            self.l1_pages,
+            self.l2_pages,
+            self.capabilities,
         )
 
     # -- environment -------------------------------------------------------------------
@@ -251,9 +257,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         st = self.state
         pools = []
         for tier, pool in st.pools.items():
-            mapped = tuple(
-                sorted((c.phys, name) for name, page in st.pages.items() for t, c in page.copies.items() if t is tier)
-            )
+            mapped = tuple(sorted((c.phys, name) for name, page in st.pages.items() for t, c in page.copies.items() if t is tier))
             pools.append(PoolView(tier, pool.total, tuple(pool.free), mapped, tuple(sorted(pool.deferred))))
         empty = (0,) * self.page_size
 
@@ -268,10 +272,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         return AbstractState(
             epoch=st.epoch,
             page_size=self.page_size,
-            slots=tuple(
-                SlotView(i, s.generation, s.live, tuple(s.pages), s.num_tokens, s.reserved_tokens)
-                for i, s in enumerate(st.slots)
-            ),
+            slots=tuple(SlotView(i, s.generation, s.live, tuple(s.pages), s.num_tokens, s.reserved_tokens) for i, s in enumerate(st.slots)),
             pages=tuple(
                 PageView(
                     name,
@@ -305,4 +306,3 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         from cacheruntime.invariants import check_state
 
         check_state(self.probe())
-

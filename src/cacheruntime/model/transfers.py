@@ -90,9 +90,7 @@ class Transfers(Pages):
         """Complete, in dependency order, every transfer filling an L1 copy of `pages` (O1)."""
         st = self.state
         while True:
-            waiting = [
-                t for t, tr in st.transfers.items() if tr.kind is TransferKind.RESTORE and any(p in pages for p, _, _ in tr.pages)
-            ]
+            waiting = [t for t, tr in st.transfers.items() if tr.kind is TransferKind.RESTORE and any(p in pages for p, _, _ in tr.pages)]
             if not waiting:
                 return
             target = min(waiting)

@@ -49,6 +49,7 @@ from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runn
 from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS
 from cacheruntime.runtime.ledger import FreeOrder, Ledger, Numbering, Reporting
 from cacheruntime.runtime.ledger.batches import item_results
+from cacheruntime.runtime.ledger.choices import MODEL_NUMBERING
 
 __all__ = ["D2H_ISSUE_POINTS", "LocalGPURuntime"]
 
@@ -103,7 +104,7 @@ class LocalGPURuntime:
         seed: int = 0,
         d2h_bytes_per_batch: int | None = 32 << 20,
         d2h_issue: str = "under_compute",
-        numbering: Numbering = Numbering(),
+        numbering: Numbering = MODEL_NUMBERING,
         free_order: FreeOrder | str = FreeOrder.FIFO,
         reporting: Reporting | str = Reporting.EAGER,
         memory_class: type[KVMemory] = KVMemory,

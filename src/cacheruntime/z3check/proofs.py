@@ -93,9 +93,7 @@ class _TreeSpec:
         for d in range(1, size):
             for a in range(d):
                 ancestor[a][d] = z3.Or([z3.And(parent[d] == p, ancestor[a][p]) for p in range(a, d)])
-        locked_below = tuple(
-            z3.Or([z3.And(ancestor[v][d], st.view.lock_ref[d] > 0) for d in range(size)]) for v in range(size)
-        )
+        locked_below = tuple(z3.Or([z3.And(ancestor[v][d], st.view.lock_ref[d] > 0) for d in range(size)]) for v in range(size))
         return cls(st, tuple(map(tuple, ancestor)), locked_below)
 
     @property
@@ -104,9 +102,7 @@ class _TreeSpec:
 
     def assumption(self) -> Any:
         """A well-formed tree (the policy's documented precondition) and a node inside it."""
-        return z3.And(
-            _bool(reference_policy.well_formed(Z3OPS, self.st.view)), 0 <= self.st.node, self.st.node < self.size
-        )
+        return z3.And(_bool(reference_policy.well_formed(Z3OPS, self.st.view)), 0 <= self.st.node, self.st.node < self.size)
 
     def on_path(self, k: int) -> Any:
         """Whether node k is an ancestor-or-self of the symbolic `node`."""
@@ -154,9 +150,7 @@ def _e1_never_evicted(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation
             *(z3.Implies(_bool(chosen[v]), z3.Not(spec.locked_below[v])) for v in range(n)),
         )
         witness = z3.And(spec.assumption(), z3.Or([_bool(c) for c in chosen]), z3.Or([r > 0 for r in t.lock_ref]))
-        yield Obligation(
-            spec.assumption(), claim, spec.explain({"evicted": chosen}), witness if largest else None
-        )
+        yield Obligation(spec.assumption(), claim, spec.explain({"evicted": chosen}), witness if largest else None)
 
 
 def _e1_on_path_exact(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
@@ -190,18 +184,13 @@ def _e2_leaves_first(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]
         order = [_int(o) for o in subjects.policy.eviction_order(Z3OPS, t, spec.st.pages_needed)]
         clauses = [order[0] == 0]
         for v in range(1, n):
-            below = [
-                z3.Implies(z3.And(spec.ancestor[v][d], t.in_l1[d]), z3.And(order[d] > 0, order[d] < order[v]))
-                for d in range(v + 1, n)
-            ]
+            below = [z3.Implies(z3.And(spec.ancestor[v][d], t.in_l1[d]), z3.And(order[d] > 0, order[d] < order[v])) for d in range(v + 1, n)]
             clauses.append(z3.Implies(order[v] > 0, z3.And(t.in_l1[v], *below)))
         witness = z3.And(
             spec.assumption(),
             z3.Or([z3.And(spec.ancestor[v][d], order[v] > 0, order[d] > 0) for v in range(1, n) for d in range(v + 1, n)]),
         )
-        yield Obligation(
-            spec.assumption(), z3.And(clauses), spec.explain({"evicted_round": order}), witness if largest else None
-        )
+        yield Obligation(spec.assumption(), z3.And(clauses), spec.explain({"evicted_round": order}), witness if largest else None)
 
 
 def _e2_prefix_closed(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
@@ -260,9 +249,7 @@ def _e3_frees_enough(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]
     for spec, largest in _trees(subjects, bounds):
         t, n, need = spec.st.view, spec.size, spec.st.pages_needed
         chosen = subjects.policy.select_victims(Z3OPS, t, need)
-        evictable_pages = z3.Sum(
-            [z3.IntVal(0)] + [z3.If(z3.And(t.in_l1[v], z3.Not(spec.locked_below[v])), t.page_count[v], 0) for v in range(1, n)]
-        )
+        evictable_pages = z3.Sum([z3.IntVal(0)] + [z3.If(z3.And(t.in_l1[v], z3.Not(spec.locked_below[v])), t.page_count[v], 0) for v in range(1, n)])
         freed = _freed(t, chosen)
         witness = z3.And(spec.assumption(), freed >= need, z3.Sum([z3.If(_bool(c), 1, 0) for c in chosen]) >= 3)
         yield Obligation(
@@ -280,14 +267,10 @@ def _e3_stops_at_last_leaf(subjects: Subjects, bounds: Bounds) -> Iterator[Oblig
         count = z3.Sum([z3.IntVal(0)] + [z3.If(o > 0, 1, 0) for o in order])
         freed = _freed(t, tuple(o > 0 for o in order))
         clauses = [z3.And(o >= 0, o <= count) for o in order]
-        clauses += [
-            z3.Implies(z3.And(order[v] > 0, order[w] > 0), order[v] != order[w]) for v in range(n) for w in range(v + 1, n)
-        ]
+        clauses += [z3.Implies(z3.And(order[v] > 0, order[w] > 0), order[v] != order[w]) for v in range(n) for w in range(v + 1, n)]
         clauses += [z3.Implies(z3.And(count > 0, order[v] == count), freed - t.page_count[v] < need) for v in range(n)]
         witness = z3.And(spec.assumption(), count >= 3)
-        yield Obligation(
-            spec.assumption(), z3.And(clauses), spec.explain({"evicted_round": order}), witness if largest else None
-        )
+        yield Obligation(spec.assumption(), z3.And(clauses), spec.explain({"evicted_round": order}), witness if largest else None)
 
 
 # --------------------------------------------------------------------------------------
@@ -301,9 +284,7 @@ def _e4_lock_adds_one(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation
         locked = [_int(r) for r in subjects.policy.lock(Z3OPS, t, spec.st.node)]
         claim = z3.And([locked[k] == t.lock_ref[k] + z3.If(spec.on_path(k), 1, 0) for k in range(n)])
         witness = z3.And(spec.assumption(), spec.st.node == n - 1, *(t.parent[i] == i - 1 for i in range(1, n)))
-        yield Obligation(
-            spec.assumption(), claim, spec.explain({"locked_to": locked}, node=True), witness if largest else None
-        )
+        yield Obligation(spec.assumption(), claim, spec.explain({"locked_to": locked}, node=True), witness if largest else None)
 
 
 def _e4_roundtrip(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
@@ -314,9 +295,7 @@ def _e4_roundtrip(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
         back = [_int(r) for r in back]
         claim = z3.And(_bool(ok), *(back[k] == t.lock_ref[k] for k in range(n)))
         witness = z3.And(spec.assumption(), spec.st.node > 0, z3.And([r == 0 for r in t.lock_ref]))
-        yield Obligation(
-            spec.assumption(), claim, spec.explain({"back_to": back}, node=True), witness if largest else None
-        )
+        yield Obligation(spec.assumption(), claim, spec.explain({"back_to": back}, node=True), witness if largest else None)
 
 
 def _e4_rejects_without_lock(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
@@ -330,9 +309,7 @@ def _e4_rejects_without_lock(subjects: Subjects, bounds: Bounds) -> Iterator[Obl
             *(after[k] == z3.If(allowed, t.lock_ref[k] - z3.If(spec.on_path(k), 1, 0), t.lock_ref[k]) for k in range(n)),
         )
         witness = z3.And(spec.assumption(), z3.Not(ok), spec.at_node([r > 0 for r in t.lock_ref]))
-        yield Obligation(
-            spec.assumption(), claim, spec.explain({"unlocked_to": after}, node=True), witness if largest else None
-        )
+        yield Obligation(spec.assumption(), claim, spec.explain({"unlocked_to": after}, node=True), witness if largest else None)
 
 
 def _e4_no_underflow(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
@@ -378,9 +355,7 @@ def _coalesce_exact(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
         yield Obligation(
             z3.BoolVal(True),
             z3.And(clauses),
-            lambda m, pages=pages, slots=slots, page=page: (
-                f"{render.values(m, pages=pages, page=page)}\ncoalesce -> {render.slots(m, slots)}"
-            ),
+            lambda m, pages=pages, slots=slots, page=page: f"{render.values(m, pages=pages, page=page)}\ncoalesce -> {render.slots(m, slots)}",
             witness,
         )
 
@@ -512,37 +487,41 @@ def _generation_bound(bounds: Bounds) -> str:
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("e1_locked_path_never_evicted", "E1", "no node with lock_ref > 0, or above one, is selected; nor the root",
-          "tree", _tree_bound, _e1_never_evicted),
-    Check("e1_on_path_to_locked_exact", "E1", "on_path_to_locked(i) iff i is an ancestor-or-self of a locked node",
-          "tree", _tree_bound, _e1_on_path_exact),
-    Check("e2_leaves_first", "E2", "a victim is in L1 and every L1 node below it was evicted in an earlier round",
-          "tree", _tree_bound, _e2_leaves_first),
-    Check("e2_l1_stays_prefix_closed", "E2", "after eviction L1 residency is still prefix-closed",
-          "tree", _tree_bound, _e2_prefix_closed),
-    Check("e2_evictable_is_unlocked_l1_leaf", "E2", "evictable(i) iff i is a non-root, unlocked-below L1 leaf",
-          "tree", _tree_bound, _e2_evictable_exact),
-    Check("e3_frees_enough", "E3", "if evictable pages >= pages asked for, the victims free at least that many",
-          "tree", _tree_bound, _e3_frees_enough),
-    Check("e3_stops_at_last_leaf", "E3", "rounds are 1..count; without the last victim the pages fall short",
-          "tree", _tree_bound, _e3_stops_at_last_leaf),
-    Check("e4_lock_adds_one_on_path", "E4", "lock(i) adds 1 exactly on i and its ancestors",
-          "tree", _tree_bound, _e4_lock_adds_one),
-    Check("e4_lock_unlock_roundtrip", "E4", "unlock(lock(i), i) succeeds and restores every lock_ref",
-          "tree", _tree_bound, _e4_roundtrip),
-    Check("e4_unlock_rejected_without_lock", "E4",
-          "unlock(i) succeeds iff every lock_ref on the path is >= 1, else changes nothing",
-          "tree", _tree_bound, _e4_rejects_without_lock),
-    Check("e4_no_underflow", "E4", "after unlock every lock_ref is >= 0",
-          "tree", _tree_bound, _e4_no_underflow),
-    Check("h2_stale_handle_horizon", "H2", "a stale handle never matches the live generation within 2^w-1 reuses; at 2^w it does",
-          "generation", _generation_bound, _h2_stale_horizon),
-    Check("h2_generation_monotone", "H2", "from 0, each of the first 2^w-1 reuses increases the generation; the next wraps",
-          "generation", _generation_bound, _h2_monotone),
-    Check("runs_coalesce_exact", "PR", "coalesce covers exactly the input pages, each once, in order, in maximal runs",
-          "runs", _pages_bound, _coalesce_exact),
-    Check("runs_coalesce_sorted_disjoint", "PR", "for increasing pages the runs are sorted, disjoint and non-adjacent",
-          "runs", _pages_bound, _coalesce_sorted),
-    Check("runs_split_union", "R4", "split at k: head has k pages, head + tail are the original pages, disjoint, in order",
-          "runs", _runs_bound, _split_union),
+    Check("e1_locked_path_never_evicted", "E1", "no node with lock_ref > 0, or above one, is selected; nor the root", "tree", _tree_bound, _e1_never_evicted),
+    Check("e1_on_path_to_locked_exact", "E1", "on_path_to_locked(i) iff i is an ancestor-or-self of a locked node", "tree", _tree_bound, _e1_on_path_exact),
+    Check("e2_leaves_first", "E2", "a victim is in L1 and every L1 node below it was evicted in an earlier round", "tree", _tree_bound, _e2_leaves_first),
+    Check("e2_l1_stays_prefix_closed", "E2", "after eviction L1 residency is still prefix-closed", "tree", _tree_bound, _e2_prefix_closed),
+    Check("e2_evictable_is_unlocked_l1_leaf", "E2", "evictable(i) iff i is a non-root, unlocked-below L1 leaf", "tree", _tree_bound, _e2_evictable_exact),
+    Check("e3_frees_enough", "E3", "if evictable pages >= pages asked for, the victims free at least that many", "tree", _tree_bound, _e3_frees_enough),
+    Check("e3_stops_at_last_leaf", "E3", "rounds are 1..count; without the last victim the pages fall short", "tree", _tree_bound, _e3_stops_at_last_leaf),
+    Check("e4_lock_adds_one_on_path", "E4", "lock(i) adds 1 exactly on i and its ancestors", "tree", _tree_bound, _e4_lock_adds_one),
+    Check("e4_lock_unlock_roundtrip", "E4", "unlock(lock(i), i) succeeds and restores every lock_ref", "tree", _tree_bound, _e4_roundtrip),
+    Check(
+        "e4_unlock_rejected_without_lock",
+        "E4",
+        "unlock(i) succeeds iff every lock_ref on the path is >= 1, else changes nothing",
+        "tree",
+        _tree_bound,
+        _e4_rejects_without_lock,
+    ),
+    Check("e4_no_underflow", "E4", "after unlock every lock_ref is >= 0", "tree", _tree_bound, _e4_no_underflow),
+    Check(
+        "h2_stale_handle_horizon",
+        "H2",
+        "a stale handle never matches the live generation within 2^w-1 reuses; at 2^w it does",
+        "generation",
+        _generation_bound,
+        _h2_stale_horizon,
+    ),
+    Check(
+        "h2_generation_monotone",
+        "H2",
+        "from 0, each of the first 2^w-1 reuses increases the generation; the next wraps",
+        "generation",
+        _generation_bound,
+        _h2_monotone,
+    ),
+    Check("runs_coalesce_exact", "PR", "coalesce covers exactly the input pages, each once, in order, in maximal runs", "runs", _pages_bound, _coalesce_exact),
+    Check("runs_coalesce_sorted_disjoint", "PR", "for increasing pages the runs are sorted, disjoint and non-adjacent", "runs", _pages_bound, _coalesce_sorted),
+    Check("runs_split_union", "R4", "split at k: head has k pages, head + tail are the original pages, disjoint, in order", "runs", _runs_bound, _split_union),
 )

@@ -16,7 +16,7 @@ mutant `model.backup_before_compute` and the TLA+ mutant `mutant-backup-before-c
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -42,7 +42,7 @@ class _Mutant(LocalGPURuntime):
 
     invariant = ""
     ledger: Ledger
-    parts: dict[str, Any] = {}
+    parts: ClassVar[dict[str, Any]] = {}  # the seams this mutant replaces (constructor options)
 
     def __init__(self, device: str = "cpu", **options: Any):
         super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **self.parts, **options})
@@ -145,91 +145,91 @@ class StaleGenerationAccepted(_Mutant):
     """A request handle with an older generation passes the generation check."""
 
     invariant = "H1"
-    parts = {"ledger_class": _StaleGenerationLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _StaleGenerationLedger}
 
 
 class NoGenerationBumpOnClose(_Mutant):
     """A closing slot stops being live but keeps its generation."""
 
     invariant = "H2"
-    parts = {"ledger_class": _NoGenerationBumpLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _NoGenerationBumpLedger}
 
 
 class DoubleFree(_Mutant):
     """A physical page freed with no transfer on it goes onto the free list twice."""
 
     invariant = "R4"
-    parts = {"ledger_class": _DoubleFreeLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _DoubleFreeLedger}
 
 
 class FreeWhileReferenced(_Mutant):
     """A page's device location is freed when one holder is left, not none."""
 
     invariant = "R2"
-    parts = {"ledger_class": _FreeWhileReferencedLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _FreeWhileReferencedLedger}
 
 
 class LeakReference(_Mutant):
     """An extent's last release ends the extent but its pages keep the holder it had."""
 
     invariant = "R3"
-    parts = {"ledger_class": _LeakReferenceLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _LeakReferenceLedger}
 
 
 class SkipKvReadyWait(_Mutant):
     """Compute does not wait for the H2D of the restored pages it reads."""
 
     invariant = "O1"
-    parts = {"ordering_class": _NoKvReadyWait}
+    parts: ClassVar[dict[str, Any]] = {"ordering_class": _NoKvReadyWait}
 
 
 class ReuseInFlight(_Mutant):
     """A released page goes back on its free list while a transfer still reads or writes it."""
 
     invariant = "O3"
-    parts = {"ledger_class": _ReuseInFlightLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _ReuseInFlightLedger}
 
 
 class RestoreBeforeBackup(_Mutant):
     """A restore reads its host copy without waiting for the backup still filling it (scenario 1)."""
 
     invariant = "O3"
-    parts = {"ordering_class": _NoTransferDepsWait}
+    parts: ClassVar[dict[str, Any]] = {"ordering_class": _NoTransferDepsWait}
 
 
 class ExecuteTwice(_Mutant):
     """An executed batch may execute again (only cancelled ones are refused)."""
 
     invariant = "O4"
-    parts = {"ledger_class": _ExecuteTwiceLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _ExecuteTwiceLedger}
 
 
 class ExecuteOutOfOrder(_Mutant):
     """A batch executes before an earlier prepared batch of the same request (scenario 8)."""
 
     invariant = "O4"
-    parts = {"ledger_class": _ExecuteOutOfOrderLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _ExecuteOutOfOrderLedger}
 
 
 class DemoteInUse(_Mutant):
     """Demote drops device copies that a live request row still reads (scenario 9)."""
 
     invariant = "E1"
-    parts = {"ledger_class": _DemoteInUseLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _DemoteInUseLedger}
 
 
 class NoRollback(_Mutant):
     """A failed call keeps the bookkeeping it changed before failing."""
 
     invariant = "H1"
-    parts = {"ledger_class": _NoRollbackLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _NoRollbackLedger}
 
 
 class OldEpochAccepted(_Mutant):
     """Handles of an earlier epoch pass the origin check after a restart (scenario 5)."""
 
     invariant = "H1"
-    parts = {"ledger_class": _OldEpochLedger}
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _OldEpochLedger}
 
 
 class PerTokenBoundary(_Mutant):

@@ -26,9 +26,13 @@ class _Mutant(ModelRuntime):
     def __init__(self, **options):
         base = model_runtime(**options)
         super().__init__(
-            latency=base.latency, runtime_id=base.runtime_id, page_size=base.page_size,
-            max_requests=base.max_requests, max_request_tokens=base.max_request_tokens,
-            l1_pages=base.l1_pages, l2_pages=base.l2_pages,
+            latency=base.latency,
+            runtime_id=base.runtime_id,
+            page_size=base.page_size,
+            max_requests=base.max_requests,
+            max_request_tokens=base.max_request_tokens,
+            l1_pages=base.l1_pages,
+            l2_pages=base.l2_pages,
         )
 
 

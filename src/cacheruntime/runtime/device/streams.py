@@ -152,7 +152,7 @@ class Ready:
         return self._value
 
 
-class on_stream:  # noqa: N801 (used like torch.cuda.stream, which it replaces)
+class on_stream:
     """`with on_stream(s):` makes the CUDA stream `s` current for the block, as `torch.cuda.stream(s)`.
 
     `torch.cuda.stream` is Python that looks the device up several times per use (tens of

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cacheruntime.protocol import (
     AlreadyExecuted,
-    Backup,
     BatchDependency,
     BatchItem,
     BatchPlan,

@@ -39,6 +39,10 @@ class Numbering:
         return self.first_extent <= generation < next_extent and (generation - self.first_extent) % self.stride == 0
 
 
+#: The reference model's numbering, every runtime's default.
+MODEL_NUMBERING = Numbering()
+
+
 class FreeOrder(enum.Enum):
     """Which free physical page the allocator takes: the oldest free (the model's), the newest, or any."""
 

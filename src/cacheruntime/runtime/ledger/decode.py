@@ -160,4 +160,3 @@ class Decode(_Base):
 def _pages_covering(tokens: list[int], page_size: int) -> int:
     """Sum over `tokens` of the pages each length covers, ceil(t / page_size)."""
     return sum(-(-t // page_size) for t in tokens)
-

@@ -26,8 +26,8 @@ from cacheruntime.protocol import (
     Publish,
     Release,
     RequestBusy,
-    Restore,
     RequestRuntimeHandle,
+    Restore,
     Tier,
     TierIntent,
     TransferKind,
@@ -63,8 +63,7 @@ class Extents(_Base):
         full = slot.num_tokens // self.page_size
         if intent.page_count < 1 or intent.first_page < 0 or intent.first_page + intent.page_count > full:
             raise InvalidPageRun(
-                f"row pages [{intent.first_page}, {intent.first_page + intent.page_count}) are not inside the "
-                f"{full} full pages written so far"
+                f"row pages [{intent.first_page}, {intent.first_page + intent.page_count}) are not inside the {full} full pages written so far"
             )
         pages = tuple(slot.pages[intent.first_page : intent.first_page + intent.page_count])
         for page in pages:

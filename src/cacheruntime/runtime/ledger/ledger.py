@@ -18,24 +18,24 @@ from cacheruntime.protocol import (
     AbstractState,
     BatchItem,
     BatchState,
-    CacheExtentRef,
-    Intent,
-    PreparedBatchHandle,
-    RequestRuntimeHandle,
-    TransferKind,
-    TransferTicket,
     BatchView,
+    CacheExtentRef,
     CopyState,
     ExtentView,
+    Intent,
     PageView,
     PoolView,
+    PreparedBatchHandle,
+    RequestRuntimeHandle,
     SlotView,
     Tier,
     TransferCompletion,
+    TransferKind,
+    TransferTicket,
     TransferView,
 )
 from cacheruntime.runtime.ledger.batches import Batches, CheckedPlan
-from cacheruntime.runtime.ledger.choices import Allocator, FreeOrder, Numbering, Reporting
+from cacheruntime.runtime.ledger.choices import MODEL_NUMBERING, Allocator, FreeOrder, Numbering, Reporting
 from cacheruntime.runtime.ledger.decode import Decode, ItemHandles, Mapping
 from cacheruntime.runtime.ledger.extents import Extents
 from cacheruntime.runtime.ledger.handles import HandleChecks
@@ -96,7 +96,7 @@ class LedgerBase:
         max_request_tokens: int,
         l1_pages: int,
         l2_pages: int,
-        numbering: Numbering = Numbering(),
+        numbering: Numbering = MODEL_NUMBERING,
         free_order: FreeOrder = FreeOrder.FIFO,
         reporting: Reporting = Reporting.EAGER,
         seed: int = 0,

@@ -1,13 +1,13 @@
 """CPU cost per decode step of two source trees, measured in alternating processes in one run.
 
-    python scripts/cpu_ab.py --base /tmp/base --new . [--reps 5] [--json out.json]
+    python scripts/cpu_ab.py --base /tmp/base --new . [--reps 5] [--device cpu|cuda] [--json out.json]
 
 `--base` and `--new` are checkouts (e.g. the base commit through `git worktree add`).
 Each repetition runs one process per tree, alternately, so that a drift of the host's
 speed weighs on both alike; each process imports `cacheruntime` from its tree's `src`
 and times `prepare_batch` + `execute_batch` + `poll_completions` of a reused decode plan
-of B items on rows already holding `CONTEXT` tokens, on the CPU, with a null model (one
-tiny tensor per step), so the time is the boundary's bookkeeping. Printed: per B, the
+of B items on rows already holding `CONTEXT` tokens, on `--device`, with a null model (one
+tiny tensor per step), so the time is the boundary's host-side bookkeeping. Printed: per B, the
 median microseconds per step of each tree over the repetitions and their ratio.
 """
 
@@ -37,15 +37,15 @@ from cacheruntime.runtime.local import LocalGPURuntime
 class NullRunner:
     tagged = False
     def forward(self, memory, table, items):
-        return torch.zeros(len(items), dtype=torch.long)
+        return torch.zeros(len(items), dtype=torch.long, device=table.device)
     def finish(self, outputs, items):
         return outputs
 
-BATCHES, CONTEXT, PS, WARMUP, STEPS = json.loads(sys.argv[1])
+BATCHES, CONTEXT, PS, WARMUP, STEPS, DEVICE = json.loads(sys.argv[1])
 out = {}
 for batch in BATCHES:
     pages = batch * (-(-(CONTEXT + WARMUP + STEPS) // PS) + 1)
-    options = dict(device="cpu", page_size=PS, max_requests=batch, max_request_tokens=CONTEXT + WARMUP + STEPS + PS,
+    options = dict(device=DEVICE, page_size=PS, max_requests=batch, max_request_tokens=CONTEXT + WARMUP + STEPS + PS,
                    l1_pages=pages, l2_pages=1, d2h_bytes_per_batch=None)
     try:
         rt = LocalGPURuntime(runner=NullRunner(), **options)  # a Runner object: the restructured tree
@@ -67,9 +67,9 @@ print(json.dumps(out))
 """
 
 
-def measure(tree: Path) -> dict[str, float]:
+def measure(tree: Path, device: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    args = json.dumps([BATCHES, CONTEXT, PAGE_SIZE, WARMUP, STEPS])
+    args = json.dumps([BATCHES, CONTEXT, PAGE_SIZE, WARMUP, STEPS, device])
     run = subprocess.run([sys.executable, "-c", MEASURE, args], env=env, capture_output=True, text=True, check=False)
     if run.returncode:
         raise SystemExit(f"measuring {tree} failed: {run.stderr.strip().splitlines()[-1]}")
@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--base", type=Path, required=True, help="checkout of the base tree")
     parser.add_argument("--new", type=Path, default=Path("."), help="checkout of the new tree (default: here)")
     parser.add_argument("--reps", type=int, default=5, help="alternating process pairs (default 5)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--json", type=Path, help="write the samples and medians here")
     args = parser.parse_args()
     for tree in (args.base, args.new):
@@ -89,8 +90,8 @@ def main() -> None:
     samples: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
     for rep in range(args.reps):
         for name in ("base", "new") if rep % 2 == 0 else ("new", "base"):
-            samples[name].append(measure(getattr(args, name)))
-    print(f"CPU per decode step (us), median of {args.reps} alternating processes, context {CONTEXT}, page size {PAGE_SIZE}")
+            samples[name].append(measure(getattr(args, name), args.device))
+    print(f"CPU per decode step (us) on {args.device}, median of {args.reps} alternating processes, context {CONTEXT}, page size {PAGE_SIZE}")
     print(f"{'B':>5} {'base':>10} {'new':>10} {'new/base':>9}")
     medians = {}
     for batch in BATCHES:
@@ -99,7 +100,7 @@ def main() -> None:
         medians[batch] = {"base_us": base, "new_us": new, "ratio": new / base}
         print(f"{batch:>5} {base:>10.1f} {new:>10.1f} {new / base:>9.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"samples": samples, "medians": medians}, indent=1))
+        args.json.write_text(json.dumps({"device": args.device, "samples": samples, "medians": medians}, indent=1))
 
 
 if __name__ == "__main__":

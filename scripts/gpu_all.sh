@@ -8,7 +8,7 @@
 # Usage (on the device machine, from the repository root): OUT=... bash scripts/gpu_all.sh
 # Options (environment): BENCH=0 skips the benchmark (the check alone fits one short call);
 # CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
-# this tree, in alternating processes (scripts/cpu_ab.py), into $OUT/cpu_ab.json.
+# this tree, in alternating processes (scripts/cpu_ab.py), on CPU and CUDA, into $OUT/cpu_ab_*.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${OUT:?set OUT}"
@@ -22,7 +22,9 @@ if [[ "${BENCH:-1}" != 0 ]]; then
   bench=$?
 fi
 if [[ -n "${CPU_AB_BASE:-}" ]]; then
-  "$PYTHON" scripts/cpu_ab.py --base "$CPU_AB_BASE" --new . --reps 7 --json "$ROOT/cpu_ab.json" >"$ROOT/cpu_ab.log" 2>&1 || bench=1
+  for device in cpu cuda; do
+    "$PYTHON" scripts/cpu_ab.py --base "$CPU_AB_BASE" --new . --reps 7 --device $device --json "$ROOT/cpu_ab_$device.json" >>"$ROOT/cpu_ab.log" 2>&1 || bench=1
+  done
   cat "$ROOT/cpu_ab.log"
 fi
 

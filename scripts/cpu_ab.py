@@ -4,7 +4,9 @@
 
 `--base` and `--new` are checkouts (e.g. the base commit through `git worktree add`).
 Each repetition runs one process per tree, alternately, so that a drift of the host's
-speed weighs on both alike; each process imports `cacheruntime` from its tree's `src`
+speed weighs on both alike; every process runs on the same two cores (its streams' worker
+threads hand work over between them) with one torch thread, and reports the median of
+`BLOCKS` timed blocks; each process imports `cacheruntime` from its tree's `src`
 and times `prepare_batch` + `execute_batch` + `poll_completions` of a reused decode plan
 of B items on rows already holding `CONTEXT` tokens, on `--device`, with a null model (one
 tiny tensor per step), so the time is the boundary's host-side bookkeeping. Printed: per B, the
@@ -25,12 +27,15 @@ BATCHES = (1, 64, 256)
 CONTEXT = 512
 PAGE_SIZE = 16
 WARMUP = 64
-STEPS = 256
+STEPS = 128
+BLOCKS = 5
 
 #: Run inside each process, with that tree's `src` first on the path.
 MEASURE = r"""
-import gc, json, sys, time
+import gc, json, os, statistics, sys, time
+os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:2]))  # the same two cores for every process
 import torch
+torch.set_num_threads(1)
 from cacheruntime.protocol import BatchItem, BatchPlan
 from cacheruntime.runtime.local import LocalGPURuntime
 
@@ -41,11 +46,12 @@ class NullRunner:
     def finish(self, outputs, items):
         return outputs
 
-BATCHES, CONTEXT, PS, WARMUP, STEPS, DEVICE = json.loads(sys.argv[1])
+BATCHES, CONTEXT, PS, WARMUP, STEPS, BLOCKS, DEVICE = json.loads(sys.argv[1])
 out = {}
 for batch in BATCHES:
-    pages = batch * (-(-(CONTEXT + WARMUP + STEPS) // PS) + 1)
-    options = dict(device=DEVICE, page_size=PS, max_requests=batch, max_request_tokens=CONTEXT + WARMUP + STEPS + PS,
+    tokens = CONTEXT + WARMUP + STEPS * BLOCKS
+    pages = batch * (-(-tokens // PS) + 1)
+    options = dict(device=DEVICE, page_size=PS, max_requests=batch, max_request_tokens=tokens + PS,
                    l1_pages=pages, l2_pages=1, d2h_bytes_per_batch=None)
     try:
         rt = LocalGPURuntime(runner=NullRunner(), **options)  # a Runner object: the restructured tree
@@ -58,10 +64,13 @@ for batch in BATCHES:
     for _ in range(WARMUP):
         rt.execute_batch(rt.prepare_batch(plan)); rt.poll_completions()
     gc.collect(); gc.freeze()
-    start = time.perf_counter()
-    for _ in range(STEPS):
-        rt.execute_batch(rt.prepare_batch(plan)); rt.poll_completions()
-    out[batch] = (time.perf_counter() - start) / STEPS * 1e6
+    blocks = []
+    for _ in range(BLOCKS):
+        start = time.perf_counter()
+        for _ in range(STEPS):
+            rt.execute_batch(rt.prepare_batch(plan)); rt.poll_completions()
+        blocks.append((time.perf_counter() - start) / STEPS * 1e6)
+    out[batch] = statistics.median(blocks)
     rt.close()
 print(json.dumps(out))
 """
@@ -69,7 +78,7 @@ print(json.dumps(out))
 
 def measure(tree: Path, device: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    args = json.dumps([BATCHES, CONTEXT, PAGE_SIZE, WARMUP, STEPS, device])
+    args = json.dumps([BATCHES, CONTEXT, PAGE_SIZE, WARMUP, STEPS, BLOCKS, device])
     run = subprocess.run([sys.executable, "-c", MEASURE, args], env=env, capture_output=True, text=True, check=False)
     if run.returncode:
         raise SystemExit(f"measuring {tree} failed: {run.stderr.strip().splitlines()[-1]}")

@@ -293,7 +293,8 @@ class LocalGPURuntime:
         """Complete the transfers whose device work is done (dependencies first); report as `reporting` says."""
         ledger, layer = self.ledger, self.device_layer
         layer.pump_idle()
-        ledger.complete_in_order(layer.done(list(ledger.state.transfers)))
+        if ledger.state.transfers:
+            ledger.complete_in_order(layer.done(list(ledger.state.transfers)))
         return ledger.report(wait=False)
 
     @operation()

@@ -40,7 +40,8 @@ class Transaction:
         self.operation = operation
         self.committed = False
         self.journal = [] if journal else None
-        self.started = []
+        if self.started:
+            self.started = []
 
     def start_journal(self) -> None:
         """Journal from here on: a call that began without one finds, after its first checks,

@@ -163,14 +163,14 @@ class Transfers(_Base):
     def report(self, wait: bool) -> tuple[TransferCompletion, ...]:
         """Hand over the completions due by `self.reporting`, ordered by transfer id (the order is the contract's)."""
         st, held = self.state, self.held
+        if not st.unreported and not held:
+            return ()
         if not wait and self.reporting is not Reporting.EAGER:
             if self.reporting is Reporting.AT_WAIT:
                 return ()
             due, self.held = self.held, list(st.unreported)  # NEXT_POLL: what this poll finds waits one poll
         else:
             due, self.held = [*self.held, *st.unreported], []
-        if not due and not st.unreported:
-            return ()
         unreported = st.unreported
         self.txn.undo(lambda: _unreport(self, held, unreported))
         st.unreported = []

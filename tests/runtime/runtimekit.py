@@ -8,7 +8,7 @@ import pytest
 from cacheruntime.invariants import B2_plain_values, check_state
 from cacheruntime.model import ReferenceModel
 from cacheruntime.protocol import AbstractState, BatchCompletion, BatchItem, BatchPlan, CacheRuntimeError, Capability, CopyState, OutOfPages, RuntimeInfo
-from cacheruntime.runtime.factories import conformance
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, conformance
 from cacheruntime.runtime.local import LocalGPURuntime
 
 PS = 2  # page size of the conformance configuration
@@ -134,8 +134,11 @@ class Twin:
         check_state(state)
 
 
-def new_twin(device: str = "cpu") -> Twin:
-    return Twin(conformance(device))
+def new_twin(device: str = "cpu", runner: str = "tagging") -> Twin:
+    """A twin on the conformance configuration, with the tagging runner (probe() reads the
+    real bytes) or the tiny one (probe() shows the ledger's tags, so bookkeeping the bytes
+    would hide shows)."""
+    return Twin(conformance(device) if runner == "tagging" else LocalGPURuntime(device=device, **{**CONFORMANCE_OPTIONS, "runner": runner}))
 
 
 def step(t: Twin, p: BatchPlan):

@@ -106,7 +106,19 @@ def test_scenario_4_stale_handle_after_slot_reuse(twin):
     assert twin.runtime.probe().slots[b.slot_id].num_tokens == 3
 
 
-def test_scenario_5_restart_with_work_in_flight(twin):
+@pytest.mark.parametrize("runner", ["tagging", "tiny"])
+def test_scenario_5_restart_with_work_in_flight(runner, device):
+    """Restart drains the copies in flight and they land, in the bytes and in the ledger's
+    tags alike: with the tiny runner `probe()` shows the ledger's, and the pages a fresh
+    request maps right after the restart show what the drained restore wrote."""
+    twin = new_twin(device, runner)
+    try:
+        restart_with_work_in_flight(twin)
+    finally:
+        twin.runtime.close()
+
+
+def restart_with_work_in_flight(twin):
     h, e = published(twin)
     f = backed_up_and_demoted(twin)
     twin.runtime.set_transfer_delay(DELAY)
@@ -115,10 +127,14 @@ def test_scenario_5_restart_with_work_in_flight(twin):
     twin.prepare_batch(plan(item(g, 1, attach=(f,)), intents=(Restore(f),)))
     twin.submit((Backup(e),))
     twin.restart()
+    for tier in Tier:  # the drained copies landed in the ledger's tags as in the model's memory
+        runtime_tags = twin.runtime.ledger.state.pools[tier].tags
+        assert runtime_tags == [tag for page in twin.model.state.pools[tier].tags for tag in page], tier
     for call, arg in ((twin.execute_batch, batch), (twin.release, e), (twin.close_request, g)):
         expect(StaleHandle, call, arg)
     fresh = twin.open_request()
-    compute(twin, fresh, 2 * PS)  # full pages: positions never written are not compared
+    prepared = twin.prepare_batch(plan(item(fresh, 2 * PS)))  # the twin compares the new pages' tags, as the drain left them
+    twin.execute_batch(prepared)
     twin.wait_completions()
 
 
@@ -245,8 +261,7 @@ def random_walk(t: Twin, rng: random.Random, steps: int) -> None:
             elif op == "pending" and batches:
                 rng.choice((t.execute_batch, t.cancel_batch))(batches.pop(rng.randrange(len(batches))))
             elif op == "restart" and rng.random() < 0.05:
-                t.wait_completions()  # restart drains; the model does not land what was in flight
-                t.restart()
+                t.restart()  # with whatever is in flight: both drain it
                 handles, extents, batches = [], [], []
         except CacheRuntimeError:
             pass  # the twin has already compared the errors and the states
@@ -254,7 +269,7 @@ def random_walk(t: Twin, rng: random.Random, steps: int) -> None:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_walk_matches_model(seed, device):
-    t = new_twin(device)
+    t = new_twin(device, "tagging" if seed % 3 else "tiny")
     t.runtime.set_transfer_delay(0.002 if seed % 2 else 0.0)
     random_walk(t, random.Random(seed), 80)
     t.wait_completions()

@@ -151,9 +151,12 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
     def restart(self) -> None:
         """A new epoch: every slot's generation moves past its live handle, everything else is forgotten.
 
-        Version tags and memory contents carry over (as memory does); every transfer in
-        flight was drained by the device layer first, and is forgotten with its epoch.
+        Version tags and memory contents carry over (as memory does). Every transfer in
+        flight was drained by the device layer first: its copy landed, so it completes
+        here (its tags reach the destination's memory, as in the model), and is then
+        forgotten with its epoch, unreported.
         """
+        self.complete_all()
         st = self.state
         generations = [slot.generation + int(slot.live) for slot in st.slots]
         tags = {tier: pool.tags for tier, pool in st.pools.items()}

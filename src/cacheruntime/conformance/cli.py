@@ -18,7 +18,7 @@ from xml.etree import ElementTree
 
 from cacheruntime.conformance import expected as expected_file
 from cacheruntime.conformance.profiles import DEFAULT_DATABASE, profile
-from cacheruntime.conformance.runner import Outcome, claims_report, run_check
+from cacheruntime.conformance.runner import Outcome, claims_report, describe, run_check
 from cacheruntime.conformance.statemachine import CHECKS
 from cacheruntime.conformance.target import Target
 
@@ -37,23 +37,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing sequence unshrunk (faster gate)")
 
 
-def _write_junit(path: str, target: str, outcomes: list[Outcome], expected: dict[str, str]) -> None:
+def _write_junit(path: str, target: str, outcomes: list[Outcome], entries: tuple[expected_file.Expected, ...]) -> None:
+    """One testcase per check: failed with its new violations, skipped (with why) when none is new."""
+    new = {o.check: expected_file.new_violations(entries, o) for o in outcomes}
     suite = ElementTree.Element(
         "testsuite",
         name="cacheruntime-conformance",
         tests=str(len(outcomes)),
-        failures=str(sum(o.status == "failed" and o.check not in expected for o in outcomes)),
-        skipped=str(sum(o.status == "skipped" or o.check in expected for o in outcomes)),
+        failures=str(sum(bool(new[o.check]) for o in outcomes)),
+        skipped=str(sum(o.status == "skipped" or (o.status == "failed" and not new[o.check]) for o in outcomes)),
     )
     for o in outcomes:
         case = ElementTree.SubElement(suite, "testcase", classname=target, name=o.check, time=f"{o.seconds:.3f}")
         if o.status == "skipped":
             ElementTree.SubElement(case, "skipped", message=o.message)
-        elif o.status == "failed" and o.check in expected:
-            ElementTree.SubElement(case, "skipped", message=f"expected failure: {expected[o.check]}")
+        elif new[o.check]:
+            node = ElementTree.SubElement(case, "failure", message="; ".join(str(v.signature) for v in new[o.check])[:500])
+            node.text = "\n\n".join(describe(v) for v in new[o.check])
         elif o.status == "failed":
-            node = ElementTree.SubElement(case, "failure", message=o.message[:500])
-            node.text = o.message + "\n\n" + o.script
+            ElementTree.SubElement(case, "skipped", message="expected: " + "; ".join(str(v.signature) for v in o.violations))
     ElementTree.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
 
 
@@ -65,30 +67,30 @@ def run_target(args: argparse.Namespace) -> int:
     print(f"conformance of {target} ({info.runtime_id}, profile {args.profile})")
     for line in claims_report(info.capabilities):
         print(f"  {line}")
-    outcomes, tolerated, new = [], {}, 0
+    outcomes, tolerated, new = [], 0, 0
     for check in args.check or list(CHECKS):
         outcome = run_check(target, check, settings)
         outcomes.append(outcome)
-        entry = expected_file.expected_by(entries, outcome)
-        if outcome.status == "failed" and entry is not None:
-            tolerated[check] = entry.reason
-            print(f"{check:10} XFAIL   {outcome.seconds:6.1f}s  [{', '.join(outcome.ids)}] expected: {entry.reason}")
-        elif outcome.status == "failed":
-            new += 1
-            print(f"{check:10} FAILED  {outcome.seconds:6.1f}s  {outcome.message}")
-            print(f"\n# ---- shrunk reproduction ({outcome.steps} calls) ----\n{outcome.script}")
+        fresh = expected_file.new_violations(entries, outcome)
+        if outcome.status == "failed":
+            tolerated += len(outcome.violations) - len(fresh)
+            new += len(fresh)
+            verdict = "FAILED" if fresh else "XFAIL "
+            print(f"{check:10} {verdict}  {outcome.seconds:6.1f}s  {len(outcome.violations)} violation(s), {len(fresh)} new")
+            for violation in outcome.violations:
+                entry = expected_file.expected_by(entries, violation)
+                print(f"  {'expected' if entry else 'NEW':8} {violation.signature}" + (f"  ({entry.reason})" if entry else ""))
+            for violation in fresh:
+                print("\n" + describe(violation))
         elif outcome.status == "skipped":
             print(f"{check:10} SKIPPED          {outcome.message}")
         else:
             print(f"{check:10} passed  {outcome.seconds:6.1f}s  {CHECKS[check].about}")
     for entry in expected_file.now_passing(entries, outcomes):
-        print(
-            f"XPASS: expected failure {entry.id!r} did not occur ({entry.reason}): fixed, or not reached "
-            f"because its check stopped at another failure first; remove it from {args.expected} once fixed"
-        )
+        print(f"XPASS: expected violation {entry.signature!r} did not occur ({entry.reason}): fixed, or not reached; remove it from {args.expected} once fixed")
     if args.junitxml:
-        _write_junit(args.junitxml, str(target), outcomes, tolerated)
-    print(f"{'FAILED' if new else 'OK'}: {new} new failure(s), {len(tolerated)} expected")
+        _write_junit(args.junitxml, str(target), outcomes, entries)
+    print(f"{'FAILED' if new else 'OK'}: {new} new violation(s), {tolerated} expected")
     return 1 if new else 0
 
 
@@ -101,7 +103,7 @@ def kill_table(shrink: bool, names: list[str] | None = None) -> tuple[list[tuple
     for name in names or list(MUTANTS):
         mutant, started, killer = MUTANTS[name], time.monotonic(), None
         for check in CHECKS:
-            outcome = run_check(mutant.target, check, settings)
+            outcome = run_check(mutant.target, check, settings, keep_going=False)
             if outcome.status == "failed":
                 killer = outcome
                 break
@@ -112,7 +114,7 @@ def kill_table(shrink: bool, names: list[str] | None = None) -> tuple[list[tuple
                 killer is not None,
                 killer.check if killer else "-",
                 ",".join(killer.ids) if killer else "-",
-                killer.steps if killer else "-",
+                killer.violations[0].steps if killer else "-",
                 time.monotonic() - started,
             )
         )

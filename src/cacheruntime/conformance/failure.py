@@ -1,12 +1,19 @@
-"""What the suite reports when a runtime breaks the contract, named by catalogue id.
+"""What the suite reports when a runtime breaks the contract, named by catalogue id and signature.
 
 A failure carries the ids it is evidence for (`H1`, `R4`, `D1`, ... from
 `spec/invariants.md`, or `contract:<operation>` for a result that differs from the
-model's without a more specific id), so an expected-failures file can name it and the
-mutant kill table can say what caught each mutant.
+model's without a more specific id), so the mutant kill table can say what caught each
+mutant, and a `Signature`: the ids, the operation, and the kind of disagreement (which
+error the runtime raised where the model raised which, or which part of the state
+differed). The signature is what an expected-failures entry names and what a check sets
+aside to keep looking for other violations: narrower than an operation, so a new bug
+under the same id still fails, and independent of the call sequence that led there, so
+one bug keeps one signature however a run reaches it.
 """
 
 from __future__ import annotations
+
+import attrs
 
 from cacheruntime.protocol import (
     AlreadyExecuted,
@@ -20,11 +27,32 @@ from cacheruntime.protocol import (
 )
 
 
+@attrs.frozen
+class Signature:
+    """Which kind of violation: its ids, the operation it showed in, and how it differed.
+
+    `kind` is one of a few shapes (see `RuntimeConformance`): `returns where the model
+    raises X`, `raises X where the model returns`, `raises X where the model raises Y`,
+    `crashes with T`, `returns another value`, `serves other tokens`, `probe differs in F`,
+    `breaks R1` (an invariant of its probe), `changes state when it raises X`,
+    `reports a completion too early`, `hands control a device object`.
+    Its text, `ids operation: kind`, is what an expected-failures file names.
+    """
+
+    ids: tuple[str, ...]
+    operation: str
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{','.join(self.ids)} {self.operation}: {self.kind}"
+
+
 class ConformanceFailure(AssertionError):
     """The runtime under test disagreed with the reference model or broke an invariant."""
 
-    def __init__(self, ids: tuple[str, ...], message: str):
+    def __init__(self, ids: tuple[str, ...], message: str, operation: str = "", kind: str = ""):
         self.ids = tuple(ids)
+        self.signature = Signature(self.ids, operation or "?", kind or "disagrees with the model")
         super().__init__(f"[{', '.join(self.ids)}] {message}")
 
 

@@ -84,4 +84,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     path = config.getoption("--cacheruntime-expected")
     if path:
         for entry in expected_file.now_passing(expected_file.load(path), outcomes):
-            terminalreporter.write_line(f"XPASS: expected failure {entry.id!r} did not occur ({entry.reason}); remove it from {path}")
+            terminalreporter.write_line(f"XPASS: expected violation {entry.signature!r} did not occur ({entry.reason}); remove it from {path}")

@@ -1,8 +1,13 @@
-"""Run the checks against one runtime and say, per check, passed, failed (with a replayable script) or skipped.
+"""Run the checks against one runtime and say, per check, passed, failed (every violation, each replayable) or skipped.
 
 Both the command line and the pytest plugin go through `run_check`, so they give the same
 verdicts. A check the runtime's claims do not cover is skipped with the reason; so are
 the cross-cutting checks (`CROSS_CUTTING`) that need a claim, which `claims_report` lists.
+
+A check keeps going past what it found: after a violation it runs again with that
+violation's signature set aside (`RuntimeConformance.set_aside`), until it passes or
+finds nothing new, at most `MAX_VIOLATIONS` times. So a known failure never hides a new
+one, and an expected-failures file can name each violation on its own.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import attrs
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from cacheruntime.conformance.failure import ConformanceFailure
+from cacheruntime.conformance.failure import ConformanceFailure, Signature
 from cacheruntime.conformance.statemachine import CHECKS, machine_for, reproduction
 from cacheruntime.conformance.target import Target
 from cacheruntime.protocol import Capability
@@ -28,17 +33,39 @@ CROSS_CUTTING = {
 }
 
 
+#: Violations one check reports at most (each costs a run of the check).
+MAX_VIOLATIONS = 32
+
+
+@attrs.frozen
+class Violation:
+    """One distinct violation a check found: its signature, message and runnable reproduction."""
+
+    signature: Signature
+    message: str
+    script: str  # runnable reproduction
+    steps: int  # calls in the (shrunk, unless the run did not shrink) failing sequence
+
+
 @attrs.frozen
 class Outcome:
-    """The verdict of one check on one runtime."""
+    """The verdict of one check on one runtime: every violation it found, in the order found."""
 
     check: str
     status: str  # "passed" | "failed" | "skipped"
     seconds: float
-    ids: tuple[str, ...] = ()  # catalogue ids the failure is evidence for
-    message: str = ""  # failure message or skip reason
-    script: str = ""  # runnable reproduction of a failure
-    steps: int = 0  # calls in the shrunk failing sequence
+    violations: tuple[Violation, ...] = ()
+    reason: str = ""  # why a check was skipped
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The catalogue ids the violations are evidence for, first found first."""
+        return tuple(dict.fromkeys(i for v in self.violations for i in v.signature.ids))
+
+    @property
+    def message(self) -> str:
+        """The skip reason, or every violation's message."""
+        return self.reason or "\n".join(v.message for v in self.violations)
 
 
 def claims_report(capabilities: frozenset[Capability]) -> list[str]:
@@ -65,7 +92,7 @@ def _conformance_failure(raised: BaseException) -> ConformanceFailure:
     if isinstance(raised, BaseExceptionGroup):
         for inner in raised.exceptions:
             return _conformance_failure(inner)
-    return ConformanceFailure(("crash",), f"{type(raised).__name__}: {raised}")
+    return ConformanceFailure(("crash",), f"{type(raised).__name__}: {raised}", "suite", f"crashes with {type(raised).__name__}")
 
 
 def _flaky_note(raised: BaseException) -> str:
@@ -74,28 +101,40 @@ def _flaky_note(raised: BaseException) -> str:
     return ""
 
 
-def run_check(target: Target, check: str, settings: Settings) -> Outcome:
-    """Run one check; a failure comes back shrunk, with its ids, message and reproduction."""
+def run_check(target: Target, check: str, settings: Settings, keep_going: bool = True) -> Outcome:
+    """Run one check; every violation found comes back with its signature, message and reproduction.
+
+    `keep_going=False` stops at the first violation (a mutant's kill needs only one).
+    """
     started = time.monotonic()
     capabilities = target.new().info().capabilities
     missing = CHECKS[check].needs - capabilities
     if missing:
         reason = f"runtime does not claim {', '.join(sorted(c.name for c in missing))}"
-        return Outcome(check, "skipped", 0.0, message=reason)
+        return Outcome(check, "skipped", 0.0, reason=reason)
+    violations: list[Violation] = []
+    while len(violations) < (MAX_VIOLATIONS if keep_going else 1):
+        found = _run_once(target, check, settings, frozenset(str(v.signature) for v in violations))
+        if found is None or any(v.signature == found.signature for v in violations):
+            break  # passed with what is set aside, or found nothing new
+        violations.append(found)
+    return Outcome(check, "failed" if violations else "passed", time.monotonic() - started, tuple(violations))
+
+
+def describe(violation: Violation) -> str:
+    """A violation as the command line and pytest print it: signature, message, reproduction."""
+    return f"signature: {violation.signature}\n{violation.message}\n\n# ---- reproduction ({violation.steps} calls) ----\n{violation.script}"
+
+
+def _run_once(target: Target, check: str, settings: Settings, set_aside: frozenset[str]) -> Violation | None:
+    """One run of the check's machine with `set_aside` violations tolerated: the first other one, or None."""
     machine = machine_for(target, check=check)
+    machine.set_aside = set_aside
     try:
         run_state_machine_as_test(machine, settings=settings)
     except Exception as raised:  # every way a runtime can fail is a verdict
         failure = _conformance_failure(raised)
         steps = _steps(list(getattr(raised, "__notes__", [])))
         count = sum(1 for s in steps if "state." in s and not s.startswith("state = ") and s not in ("state.start()", "state.teardown()"))
-        return Outcome(
-            check,
-            "failed",
-            time.monotonic() - started,
-            failure.ids,
-            str(failure) + _flaky_note(raised),
-            reproduction(target, check, steps),
-            count,
-        )
-    return Outcome(check, "passed", time.monotonic() - started)
+        return Violation(failure.signature, str(failure) + _flaky_note(raised), reproduction(target, check, steps, set_aside), count)
+    return None

@@ -21,8 +21,10 @@ notes are the shrunk call sequence, which `reproduction` turns into a runnable s
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import attrs
-from hypothesis import event
+from hypothesis import event, reject
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, precondition, rule
@@ -147,11 +149,21 @@ def _without_tokens(value):
 
 
 class RuntimeConformance(RuleBasedStateMachine):
-    """Base of the machines `machine_for` builds; holds the comparison harness, not the rules' sizes."""
+    """Base of the machines `machine_for` builds; holds the comparison harness, not the rules' sizes.
+
+    `set_aside` holds the signatures of violations already reported (`runner.run_check`
+    keeps going past each): such a violation is not raised again, and the machine goes on
+    where the runtime and the model can stay in step. A call the model refuses and the
+    runtime is known to accept is not sent to the runtime; one the runtime is known to
+    refuse although the model accepts is undone in the model; both refusing differently
+    changes neither. Any other set-aside violation (a value or the state differs) leaves
+    the two apart, so the case ends there (`reject`) and the search goes on with others.
+    """
 
     target: Target
     check: Check
     info: RuntimeInfo
+    set_aside: frozenset[str] = frozenset()
 
     def __init__(self):
         super().__init__()
@@ -175,12 +187,29 @@ class RuntimeConformance(RuleBasedStateMachine):
         while done:
             ready = [t for t in done if t in self.model.completable()]
             if not ready:
-                raise ConformanceFailure(
-                    ("O3",),
-                    f"transfers {done} completed before the transfers they wait for ({ {t: sorted(self.model.state.transfers[t].waits_for) for t in done} })",
-                )
+                waits = {t: sorted(self.model.state.transfers[t].waits_for) for t in done}
+                self._fail(("O3",), f"transfers {done} completed before the transfers they wait for ({waits})", "probe", "completes a transfer too early")
             self.model.complete_transfer(ready[0])
             done.remove(ready[0])
+
+    def _fail(self, ids: tuple[str, ...], message: str, operation: str, kind: str) -> NoReturn:
+        """Raise the violation; if its signature is set aside, end the case instead (the two are apart)."""
+        self._fail_in_step(ids, message, operation, kind)
+        reject()
+
+    def _fail_in_step(self, ids: tuple[str, ...], message: str, operation: str, kind: str) -> None:
+        """Raise the violation unless its signature is set aside (the two are still in step: go on)."""
+        failure = ConformanceFailure(ids, message, operation, kind)
+        if str(failure.signature) not in self.set_aside:
+            raise failure
+
+    def _aside(self, operation: str, kind_ending: str) -> bool:
+        """Whether a set-aside signature of `operation` has a kind ending in `kind_ending` (whatever its ids)."""
+        for signature in self.set_aside:
+            sig_operation, _, kind = signature.partition(" ")[2].partition(": ")
+            if sig_operation == operation and kind.endswith(kind_ending):
+                return True
+        return False
 
     def _live_extent(self, i: int) -> CacheExtentRef:
         """The i-th (modulo) extent live in the model, as the ref the runtime issued for it."""
@@ -192,7 +221,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         """After a successful call: B2 on the value, then (INTROSPECTION) invariants and the model match."""
         bad = invariants.B2_plain_values(value, f"{operation}()")
         if bad:
-            raise ConformanceFailure(("B2",), "; ".join(bad))
+            self._fail(("B2",), "; ".join(bad), operation, "hands control a device object")
         self._sync()
         after = self._probe()
         if after is None:
@@ -207,7 +236,8 @@ class RuntimeConformance(RuleBasedStateMachine):
             found["H3"] += invariants.H3_open_takes_a_free_slot(before, value)
         violated = {k: v for k, v in found.items() if v}
         if violated:
-            raise ConformanceFailure(tuple(violated), f"after {operation}: " + "; ".join(f"{k}: {v[0]}" for k, v in violated.items()))
+            message = f"after {operation}: " + "; ".join(f"{k}: {v[0]}" for k, v in violated.items())
+            self._fail(tuple(violated), message, operation, f"breaks {', '.join(violated)}")
         self._match_model(operation, after)
 
     def _match_model(self, operation: str, state: AbstractState) -> None:
@@ -215,37 +245,51 @@ class RuntimeConformance(RuleBasedStateMachine):
         mine, theirs = projection(state, tagged), projection(self.model.probe(), tagged)
         diff = [key for key in mine if mine[key][1] != theirs[key][1]]
         if diff:
-            raise ConformanceFailure(
+            self._fail(
                 tuple(dict.fromkeys(mine[k][0] for k in diff)),
                 f"after {operation}, probe() differs from the model in " + "; ".join(f"{k}: runtime {mine[k][1]!r}, model {theirs[k][1]!r}" for k in diff),
+                operation,
+                f"probe differs in {', '.join(diff)}",
             )
 
     def _call(self, operation: str, *args):
         """Make the same call on the runtime and the model and hold the runtime to the model's outcome."""
         self._sync()
         before = self._probe()
+        saved = self.model.state.clone() if self.set_aside and self._aside(operation, "where the model returns") else None
         expected, model_error = _outcome(lambda: getattr(self.model, operation)(*args))
+        model_outcome = f"the model raises {type(model_error).__name__}" if model_error is not None else "the model returns"
+        if model_error is not None and self.set_aside and self._aside(operation, f"where {model_outcome}"):
+            return None  # a known violation of this call: not sent to the runtime
         try:
             actual, error = _outcome(lambda: getattr(self.runtime, operation)(*args))
         except Exception as crash:  # a crash where the model refuses is evidence against what it refuses for
             ids = ids_for_error_mismatch(operation, model_error) if model_error is not None else (f"contract:{operation}",)
-            raise ConformanceFailure(ids, f"{operation} raised {type(crash).__name__}: {crash} (not a CacheRuntimeError)") from crash
+            self._fail(
+                ids,
+                f"{operation} raised {type(crash).__name__}: {crash} (not a CacheRuntimeError)",
+                operation,
+                f"crashes with {type(crash).__name__} where {model_outcome}",
+            )
         if currently_in_test_context():  # outcome statistics (--hypothesis-show-statistics); not in a replayed script
             event(f"{operation}: {type(model_error).__name__ if model_error else 'ok'}")
         if model_error is not None and error is None:
-            raise ConformanceFailure(
-                ids_for_error_mismatch(operation, model_error),
-                f"{operation} returned {actual!r}; the model raised {_describe_error(model_error)}: {model_error}",
-            )
+            message = f"{operation} returned {actual!r}; the model raised {_describe_error(model_error)}: {model_error}"
+            self._fail(ids_for_error_mismatch(operation, model_error), message, operation, f"returns where {model_outcome}")
         if error is not None and model_error is None:
-            raise ConformanceFailure((f"contract:{operation}",), f"{operation} raised {_describe_error(error)}: {error}; the model returned {expected!r}")
+            message = f"{operation} raised {_describe_error(error)}: {error}; the model returned {expected!r}"
+            self._fail_in_step((f"contract:{operation}",), message, operation, f"raises {type(error).__name__} where the model returns")
+            self.model.state = saved  # a known refusal: the call is undone in the model, as the runtime refused it
+            return None
         if error is not None:
             if not _same_error(error, model_error):
                 handle_errors = (StaleHandle, ForeignRuntime, UnknownHandle)
                 both_handle_errors = isinstance(error, handle_errors) and isinstance(model_error, handle_errors)
-                raise ConformanceFailure(
+                self._fail_in_step(
                     (f"contract:{operation}",) if both_handle_errors else ids_for_error_mismatch(operation, model_error),
                     f"{operation} raised {_describe_error(error)}; the model raised {_describe_error(model_error)}: {model_error}",
+                    operation,
+                    f"raises {type(error).__name__} where {model_outcome}",
                 )
             self._judge_failed(operation, before)
             return None
@@ -255,8 +299,14 @@ class RuntimeConformance(RuleBasedStateMachine):
         if isinstance(actual, RuntimeInfo):
             actual, expected = _fixed_info(actual), _fixed_info(expected)
         if actual != expected:
-            ids = ("D1",) if _only_tokens_differ(actual, expected) else (f"contract:{operation}",)
-            raise ConformanceFailure(ids, f"{operation} returned {actual!r}; the model returned {expected!r}")
+            tokens = _only_tokens_differ(actual, expected)
+            ids = ("D1",) if tokens else (f"contract:{operation}",)
+            self._fail(
+                ids,
+                f"{operation} returned {actual!r}; the model returned {expected!r}",
+                operation,
+                "serves other tokens" if tokens else "returns another value",
+            )
         if isinstance(actual, RequestRuntimeHandle):
             self.issued.append(actual)
         return actual
@@ -268,7 +318,7 @@ class RuntimeConformance(RuleBasedStateMachine):
             return
         changed = invariants.H1_failed_call_changes_nothing(before, after)
         if after.transfers == before.transfers and changed:
-            raise ConformanceFailure(("H1",), f"{operation} raised but changed the state: " + "; ".join(changed))
+            self._fail(("H1",), f"{operation} raised but changed the state: " + "; ".join(changed), operation, "changes state when it raises")
         self._sync()
         self._match_model(operation, self.runtime.probe())
 
@@ -279,19 +329,22 @@ class RuntimeConformance(RuleBasedStateMachine):
         try:
             reported = getattr(self.runtime, operation)()
         except Exception as crash:
-            raise ConformanceFailure((f"contract:{operation}",), f"{operation} raised {type(crash).__name__}: {crash}") from crash
+            self._fail((f"contract:{operation}",), f"{operation} raised {type(crash).__name__}: {crash}", operation, f"crashes with {type(crash).__name__}")
         for completion in reported:
             transfer_id = completion.ticket.transfer_id
             if transfer_id in self.model.state.transfers:
                 if transfer_id not in self.model.completable():
-                    raise ConformanceFailure(("O3",), f"{operation} reported transfer {transfer_id} before the transfers it waits for")
+                    self._fail(
+                        ("O3",), f"{operation} reported transfer {transfer_id} before the transfers it waits for", operation, "reports a completion too early"
+                    )
                 self.model.complete_transfer(transfer_id)
         expected = getattr(self.model, operation)()
         # Completion order is the runtime's (the model cannot know it); the set must agree.
         ids = [c.ticket.transfer_id for c in reported]
         by_id = lambda cs: sorted(cs, key=lambda c: c.ticket.transfer_id)  # noqa: E731
         if len(set(ids)) != len(ids) or by_id(reported) != by_id(expected):
-            raise ConformanceFailure((f"contract:{operation}",), f"{operation} reported {reported!r}; the model has {expected!r} completed and unreported")
+            message = f"{operation} reported {reported!r}; the model has {expected!r} completed and unreported"
+            self._fail((f"contract:{operation}",), message, operation, "reports other completions")
         self._judge(operation, before, reported)
         return reported
 
@@ -302,12 +355,12 @@ class RuntimeConformance(RuleBasedStateMachine):
         info = self.runtime.info()
         bad = invariants.B2_plain_values(info, "info()")
         if bad:
-            raise ConformanceFailure(("B2",), "; ".join(bad))
+            raise ConformanceFailure(("B2",), "; ".join(bad), "info", "hands control a device object")
         self.info = info
         self.model = model_for(info)
         expected = self.model.info()
         if _fixed_info(info) != _fixed_info(expected):
-            raise ConformanceFailure(("contract:info",), f"a fresh runtime's info() is {info!r}; expected epoch 0")
+            raise ConformanceFailure(("contract:info",), f"a fresh runtime's info() is {info!r}; expected epoch 0", "info", "returns another value")
         if self.check.delay:  # backups slower than restores: a missing backup->restore wait shows
             self.runtime.set_transfer_delay(self.check.delay, TransferKind.RESTORE)
             self.runtime.set_transfer_delay(3 * self.check.delay, TransferKind.BACKUP)
@@ -618,7 +671,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     return Machine
 
 
-def reproduction(target: Target, check: str, steps: list[str]) -> str:
+def reproduction(target: Target, check: str, steps: list[str], set_aside: frozenset[str] = frozenset()) -> str:
     """A runnable script from Hypothesis's printed steps: imports and the machine, then the calls."""
     header = [
         "# Reproduces a conformance failure: run with python.",
@@ -626,4 +679,6 @@ def reproduction(target: Target, check: str, steps: list[str]) -> str:
         "from cacheruntime.conformance.statemachine import machine_for",
         f"RuntimeConformance = machine_for({target.spec!r}, {dict(target.options)!r}, check={check!r})",
     ]
+    if set_aside:  # the violations found before this one, tolerated as in the run that found it
+        header.append(f"RuntimeConformance.set_aside = frozenset({sorted(set_aside)!r})")
     return "\n".join(header + steps) + "\n"

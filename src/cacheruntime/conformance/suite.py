@@ -11,7 +11,7 @@ import pytest
 
 from cacheruntime.conformance import expected as expected_file
 from cacheruntime.conformance.profiles import profile
-from cacheruntime.conformance.runner import run_check
+from cacheruntime.conformance.runner import describe, run_check
 from cacheruntime.conformance.statemachine import CHECKS
 
 __all__ = ["test_cacheruntime_conformance"]
@@ -27,7 +27,7 @@ def test_cacheruntime_conformance(check, cacheruntime_target, cacheruntime_expec
     if outcome.status == "skipped":
         pytest.skip(outcome.message)
     if outcome.status == "failed":
-        entry = expected_file.expected_by(cacheruntime_expected, outcome)
-        if entry is not None:
-            pytest.xfail(f"[{', '.join(outcome.ids)}] expected: {entry.reason}")
-        pytest.fail(f"{outcome.message}\n\n# ---- shrunk reproduction ({outcome.steps} calls) ----\n{outcome.script}", pytrace=False)
+        new = expected_file.new_violations(cacheruntime_expected, outcome)
+        if not new:
+            pytest.xfail(f"[{', '.join(outcome.ids)}] every violation expected: " + "; ".join(str(v.signature) for v in outcome.violations))
+        pytest.fail("\n\n".join(describe(v) for v in new), pytrace=False)

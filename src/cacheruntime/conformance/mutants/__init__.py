@@ -1,26 +1,32 @@
 """Deliberately broken runtimes, each violating one invariant: the suite must kill every one.
 
 A mutant that survives the CI profile is a blind spot of the suite;
-`tests/conformance/test_conformance_mutants.py` asserts none survives and
+`tests/conformance/test_conformance_mutants.py` asserts none survives (except the known
+survivors of `families.SURVIVORS`, which it asserts still survive) and
 `cacheruntime conformance --mutants` prints the kill table.
 
-Two families, each a `MODULE:FACTORY` target like any runtime under test:
-`local.*` subclass `LocalGPURuntime` and override one of its guard or ordering methods
-(the real bugs an engine would have); `model.*` break the suite's own model runtime
-(`cacheruntime.conformance.selftest`), so the suite is tested even where the runtime
-does not expose a guard (a corrupted restore, a non-atomic submit, a split that keeps
-its parent).
+Three families, each a `MODULE:FACTORY` target like any runtime under test:
+`local.*` and `family.*` are `LocalGPURuntime` with one seam swapped (a `ledger_class`
+with one wrong public method, a `transaction_class`, an `ordering_class` that leaves out a
+wait, or a `memory_class`): the real bugs an engine would have. `local.*` are the first
+ones, a few per invariant; `family.*` (`families.py`, written without reading the suite's
+rules) cover every operation against its error classes and the hard situations, and
+`families.SURVIVORS` lists those the CI profile does not kill yet. `model.*` break the
+suite's own model runtime (`cacheruntime.conformance.selftest`), so the suite is tested
+even where the runtime does not expose a guard (a corrupted restore, a non-atomic submit,
+a split that keeps its parent).
 """
 
 from __future__ import annotations
 
 import attrs
 
+from cacheruntime.conformance.mutants import families as _families
 from cacheruntime.conformance.mutants import local as _local
 from cacheruntime.conformance.mutants import model as _model
 from cacheruntime.conformance.target import Target
 
-_FAMILIES = {"local": _local.MUTANTS, "model": _model.MUTANTS}
+_FAMILIES = {"local": _local.MUTANTS, "model": _model.MUTANTS, "family": _families.MUTANTS}
 
 
 @attrs.frozen

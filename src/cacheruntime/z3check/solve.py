@@ -46,25 +46,25 @@ FLOOR = 100_000
 #: lists <= 8, run lists <= 4, 32-bit generations), the most of: proving the real code, and
 #: refuting each mutant whose expected killer it is (a few thousand units at most). Measured
 #: on z3-solver 5.4.1.0 with `cacheruntime z3 --mutants`, each check in a fresh process: the
-#: "rlimit used" columns (a budget that is not spent does not change the count). About 2
-#: million units a second on one core of the 2-core CI machine.
+#: "rlimit used" columns (a budget that is not spent does not change the count). One CPU
+#: second of the 2-core CI machine is about 1-2 million units.
 MEASURED: dict[str, int] = {
-    "e1_locked_path_never_evicted": 422398,
-    "e1_on_path_to_locked_exact": 163812,
-    "e2_leaves_first": 80115623,
-    "e2_l1_stays_prefix_closed": 73840715,
-    "e2_evictable_is_unlocked_l1_leaf": 481006,
-    "e3_frees_enough": 224029981,
-    "e3_stops_at_last_leaf": 55078959,
-    "e4_lock_adds_one_on_path": 735428,
-    "e4_lock_unlock_roundtrip": 1180920,
-    "e4_unlock_rejected_without_lock": 1233722,
-    "e4_no_underflow": 474354,
-    "h2_stale_handle_horizon": 411,
-    "h2_generation_monotone": 9396,
-    "runs_coalesce_exact": 307370,
-    "runs_coalesce_sorted_disjoint": 93641,
-    "runs_split_union": 140020,
+    "e1_locked_path_never_evicted": 376072,
+    "e1_on_path_to_locked_exact": 168422,
+    "e2_leaves_first": 100485985,
+    "e2_l1_stays_prefix_closed": 97470888,
+    "e2_evictable_is_unlocked_l1_leaf": 423083,
+    "e3_frees_enough": 281779124,
+    "e3_stops_at_last_leaf": 70454492,
+    "e4_lock_adds_one_on_path": 690637,
+    "e4_lock_unlock_roundtrip": 1242594,
+    "e4_unlock_rejected_without_lock": 1122256,
+    "e4_no_underflow": 430102,
+    "h2_stale_handle_horizon": 405,
+    "h2_generation_monotone": 8376,
+    "runs_coalesce_exact": 322309,
+    "runs_coalesce_sorted_disjoint": 107023,
+    "runs_split_union": 166319,
 }
 
 #: check name -> its budget in rlimit units at `--rlimit-scale 1`: MARGIN times MEASURED, at least FLOOR.
@@ -120,20 +120,20 @@ def run(check: Check, subjects: Subjects, bounds: Bounds, rlimit: int) -> Outcom
     def out_of_budget(query: str, solver: z3.Solver) -> Outcome:
         return outcome(RESOURCE_LIMIT, f"{query}: {used} of {rlimit} rlimit units spent (z3: {solver.reason_unknown()})")
 
-    for obligation in check.obligations(subjects, bounds):
+    for number, obligation in enumerate(check.obligations(subjects, bounds), 1):
         if used >= rlimit:
-            return outcome(RESOURCE_LIMIT, f"{used} of {rlimit} rlimit units spent between obligations")
+            return outcome(RESOURCE_LIMIT, f"{used} of {rlimit} rlimit units spent before obligation {number}")
         answer, solver = solve(obligation.assumption, z3.Not(obligation.claim))
         if answer == z3.sat:
             return outcome("counterexample", obligation.explain(solver.model()))
         if answer == z3.unknown:
-            return out_of_budget("claim", solver)
+            return out_of_budget(f"obligation {number}, claim", solver)
         if obligation.witness is not None:
             answer, solver = solve(obligation.witness)
             if answer == z3.unsat:
                 return outcome("vacuous", "the witness is unsatisfiable: no interesting input meets the assumption")
             if answer == z3.unknown:
-                return out_of_budget("witness", solver)
+                return out_of_budget(f"obligation {number}, witness", solver)
     return outcome("proved")
 
 

@@ -67,6 +67,9 @@ MEASURED: dict[str, int] = {
     "runs_split_union": 166319,
 }
 
+#: The most one query can be given: Z3's `rlimit` parameter is a 32-bit unsigned, larger values wrap.
+QUERY_MAX = 2**32 - 1
+
 #: check name -> its budget in rlimit units at `--rlimit-scale 1`: MARGIN times MEASURED, at least FLOOR.
 RLIMITS: dict[str, int] = {name: max(FLOOR, MARGIN * used) for name, used in MEASURED.items()}
 
@@ -111,14 +114,15 @@ def run(check: Check, subjects: Subjects, bounds: Bounds, rlimit: int) -> Outcom
         nonlocal used
         solver = z3.SimpleSolver()
         before = _count(solver)
-        solver.set("rlimit", rlimit - used)  # Z3 counts it from the context's count now
+        solver.set("rlimit", min(rlimit - used, QUERY_MAX))  # Z3 counts it from the context's count now
         solver.add(*formulas)
         answer = solver.check()
         used += _count(solver) - before
         return answer, solver
 
     def out_of_budget(query: str, solver: z3.Solver) -> Outcome:
-        return outcome(RESOURCE_LIMIT, f"{query}: {used} of {rlimit} rlimit units spent (z3: {solver.reason_unknown()})")
+        capped = f", one query at most {QUERY_MAX}" if used < rlimit else ""
+        return outcome(RESOURCE_LIMIT, f"{query}: {used} of {rlimit} rlimit units spent{capped} (z3: {solver.reason_unknown()})")
 
     for number, obligation in enumerate(check.obligations(subjects, bounds), 1):
         if used >= rlimit:

@@ -1,11 +1,17 @@
 """`cacheruntime check` runs its stages, reports each, and fails when one fails."""
 
+import argparse
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from cacheruntime import gate
+from cacheruntime.conformance import cli as conformance_cli
+
 ROOT = Path(__file__).resolve().parents[1]
+MUTANT = "cacheruntime.conformance.mutants:build"
 
 
 def _check(*argv, cwd=ROOT):
@@ -42,8 +48,36 @@ def test_cli_lists_every_subcommand():
 def test_gate_end_to_end_on_the_local_runtime(tmp_path):
     """Every stage for real: traceability, TLC on the manifest, Z3 proofs, conformance on LocalGPURuntime."""
     junit = tmp_path / "gate.xml"
-    proc = _check("--no-shrink", "--junitxml", str(junit))
+    proc = _check("--junitxml", str(junit))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     names = [case.get("name") for case in ET.parse(junit).getroot().iter("testcase")]
     assert names == ["traceability", "tlc", "z3", "conformance"]
     assert "gate: passed" in proc.stdout
+
+
+def _gate_args(*argv):
+    parser = argparse.ArgumentParser()
+    gate.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_gate_runs_conformance_without_shrinking_unless_asked():
+    """Hypothesis's shrink phase stops at a wall-clock limit, so a loaded machine could shrink less: the gate leaves it out."""
+    (conformance,) = [s for s in gate.stages(_gate_args()) if s.name == "conformance"]
+    assert "--no-shrink" in conformance.argv
+    (conformance,) = [s for s in gate.stages(_gate_args("--shrink")) if s.name == "conformance"]
+    assert "--no-shrink" not in conformance.argv
+
+
+def test_gate_prints_the_command_that_shrinks_a_failure():
+    proc = _check("--skip", "traceability", "--skip", "tlc", "--skip", "z3", "--runtime", MUTANT, "--option", "name=model.execute_twice")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "# ---- unshrunk reproduction" in proc.stdout and "# ---- shrunk reproduction" not in proc.stdout
+    summary = proc.stdout[proc.stdout.index("to shrink each locally:") :].splitlines()[1:]
+    commands = [line.strip() for line in summary if line.startswith("  cacheruntime conformance")]
+    assert f"cacheruntime conformance --runtime {MUTANT} --option name=model.execute_twice --profile ci --check core" in commands
+    parser = argparse.ArgumentParser()
+    conformance_cli.add_arguments(parser)
+    for command in commands:  # each reruns one check of the same runtime, shrinking
+        args = parser.parse_args(shlex.split(command)[2:])
+        assert args.runtime == MUTANT and args.option == ["name=model.execute_twice"] and not args.no_shrink and len(args.check) == 1

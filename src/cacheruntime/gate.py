@@ -7,6 +7,12 @@ prints one summary table and exits non-zero if any stage failed. `--junitxml` wr
 same as JUnit XML, one test case per stage, for CI systems that render it. The spec files
 are this checkout's, `--repo DIR`'s, or the wheel's copy (cacheruntime.specfiles). Before
 any stage runs it checks that the extras its stages need are installed.
+
+Its verdict does not depend on the machine's load: the Z3 stage is bounded by solver
+resource counts, and the conformance stage runs without Hypothesis's shrink phase, which
+stops at a wall-clock limit of its own (so a loaded machine could report a different, less
+shrunk failure). A failure found unshrunk comes with the command that shrinks it locally;
+`--shrink` shrinks in the gate instead.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
         conformance += ["--option", option]
     if args.expected_failures:
         conformance += ["--expected", str(args.expected_failures)]
-    if args.no_shrink:
+    if not args.shrink:
         conformance += ["--no-shrink"]
     repo = ("--repo", str(args.repo)) if args.repo else ()
     every = [
@@ -96,6 +102,16 @@ def run_stage(stage: Stage) -> StageResult:
     return StageResult(stage, returncode, time.monotonic() - start, "".join(lines[-200:]))
 
 
+def shrink_hints(results: list[StageResult]) -> list[str]:
+    """The commands a failed conformance stage printed to shrink its unshrunk failures."""
+    failed = [r for r in results if r.stage.name == "conformance" and not r.passed]
+    if not failed:
+        return []
+    from cacheruntime.conformance.cli import SHRINK_HINT  # the stage ran, so its extras are installed
+
+    return [line.removeprefix(SHRINK_HINT).strip() for line in failed[0].output.splitlines() if line.startswith(SHRINK_HINT)]
+
+
 def write_junit(results: list[StageResult], path: Path) -> None:
     """One test suite, one test case per stage, the stage's output as system-out."""
     failures = sum(not r.passed for r in results)
@@ -120,7 +136,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, help=f"MODULE:FACTORY of the runtime under test (default {DEFAULT_RUNTIME})")
     parser.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the runtime factory (repeatable)")
     parser.add_argument("--expected-failures", type=Path, help="the conformance suite's expected-failures file")
-    parser.add_argument("--no-shrink", action="store_true", help="conformance: report the first failing sequence unshrunk (faster)")
+    parser.add_argument(
+        "--shrink",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="conformance: shrink each failure (Hypothesis's shrink phase has a wall-clock limit, so a loaded machine may report "
+        "a different failure; default: no, and print the command that shrinks it locally)",
+    )
     parser.add_argument("--skip", action="append", choices=["traceability", "tlc", "z3", "conformance"], help="leave a stage out (repeatable)")
     parser.add_argument("--junitxml", type=Path, help="write the summary as JUnit XML")
     specfiles.add_repo_option(parser)
@@ -139,6 +161,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"{result.stage.name:<14} {'pass' if result.passed else 'FAIL':<6} {result.seconds:>8.1f}")
     if args.junitxml:
         write_junit(results, args.junitxml)
+    hints = shrink_hints(results)
+    if hints:
+        print("conformance failures were reported unshrunk; to shrink each locally:")
+        for hint in hints:
+            print(f"  {hint}")
     failed = [r.stage.name for r in results if not r.passed]
     print(f"gate: {'FAILED: ' + ', '.join(failed) if failed else 'passed'}")
     return 1 if failed else 0

@@ -16,7 +16,7 @@ import pytest
 
 from cacheruntime.conformance.failure import ConformanceFailure
 from cacheruntime.conformance.profiles import profile
-from cacheruntime.conformance.runner import run_check
+from cacheruntime.conformance.runner import describe, run_check
 from cacheruntime.conformance.statemachine import CHECKS, machine_for
 from cacheruntime.conformance.target import Target
 from cacheruntime.protocol import Backup, BatchItem, Demote, Drop, Publish, Restore, TransferKind
@@ -33,7 +33,7 @@ def examples_importable(monkeypatch):
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_skeleton_runtime_passes_the_check(check):
     outcome = run_check(SKELETON, check, profile("ci"))
-    assert outcome.status == "passed", f"{outcome.message}\n{outcome.script}"
+    assert outcome.status == "passed", "\n\n".join(describe(v) for v in outcome.violations)
 
 
 def _restore_ignores_its_backup(monkeypatch):

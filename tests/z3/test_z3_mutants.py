@@ -11,7 +11,7 @@ from cacheruntime.z3check.proofs import Bounds
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant_is_caught(mutant):
-    outcome = solve.run_mutant(mutant.name, Bounds(nodes=6), timeout_s=300)
+    outcome = solve.run_mutant(mutant.name, Bounds(nodes=6), scale=1)
     assert outcome.killed_by == mutant.killed_by, f"{mutant.name} survived {mutant.killed_by}"
     if mutant.family == "tree":
         assert "pages_needed =" in outcome.counterexample and "root" in outcome.counterexample

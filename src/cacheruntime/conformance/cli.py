@@ -5,12 +5,14 @@
     cacheruntime conformance --mutants      # kill table of the suite's own mutants
 
 Exit 0 when every check that ran passed or failed as expected; 1 on a new failure.
-A failure prints the ids it is evidence for and a runnable Python reproduction.
+A failure prints the ids it is evidence for and a runnable Python reproduction; with
+`--no-shrink` (the gate's default) also the command that shrinks it locally.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mutants", action="store_true", help="run the suite against its mutants and print the kill table")
     parser.add_argument("--shrink", action="store_true", help="with --mutants: shrink each kill (slow; steps then minimal)")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing sequence unshrunk (faster gate)")
+
+
+#: How a line begins that gives the command to shrink an unshrunk failure (`cacheruntime check` repeats these lines).
+SHRINK_HINT = "shrink locally: "
+
+
+def shrink_command(args: argparse.Namespace, check: str) -> str:
+    """The command that reruns `check` as `args` ran it, with Hypothesis's shrink phase.
+
+    It finds the same failure first: the `ci` profile is derandomized (the same examples
+    on every run) and the `deep` profile saved the failing example in its database, which
+    the rerun replays before anything else. `--expected` is left out: the failure was new.
+    """
+    argv = ["cacheruntime", "conformance", "--runtime", args.runtime]
+    for option in args.option:
+        argv += ["--option", option]
+    argv += ["--profile", args.profile]
+    if args.profile == "deep":
+        argv += ["--database", args.database]
+    if args.max_examples is not None:
+        argv += ["--max-examples", str(args.max_examples)]
+    return shlex.join([*argv, "--check", check])
 
 
 def _write_junit(path: str, target: str, outcomes: list[Outcome], entries: tuple[expected_file.Expected, ...]) -> None:
@@ -67,7 +91,7 @@ def run_target(args: argparse.Namespace) -> int:
     print(f"conformance of {target} ({info.runtime_id}, profile {args.profile})")
     for line in claims_report(info.capabilities):
         print(f"  {line}")
-    outcomes, tolerated, new = [], 0, 0
+    outcomes, tolerated, new, unshrunk = [], 0, 0, []
     for check in args.check or list(CHECKS):
         outcome = run_check(target, check, settings)
         outcomes.append(outcome)
@@ -81,7 +105,9 @@ def run_target(args: argparse.Namespace) -> int:
                 entry = expected_file.expected_by(entries, violation)
                 print(f"  {'expected' if entry else 'NEW':8} {violation.signature}" + (f"  ({entry.reason})" if entry else ""))
             for violation in fresh:
-                print("\n" + describe(violation))
+                print("\n" + describe(violation, shrunk=not args.no_shrink))
+            if fresh and args.no_shrink:
+                unshrunk.append(check)
         elif outcome.status == "skipped":
             print(f"{check:10} SKIPPED          {outcome.message}")
         else:
@@ -90,6 +116,10 @@ def run_target(args: argparse.Namespace) -> int:
         print(f"XPASS: expected violation {entry.signature!r} did not occur ({entry.reason}): fixed, or not reached; remove it from {args.expected} once fixed")
     if args.junitxml:
         _write_junit(args.junitxml, str(target), outcomes, entries)
+    if unshrunk:
+        print("\nFailures above are unshrunk (--no-shrink: Hypothesis's shrink phase has a wall-clock limit of its own).")
+        for check in unshrunk:
+            print(f"{SHRINK_HINT}{shrink_command(args, check)}")
     print(f"{'FAILED' if new else 'OK'}: {new} new violation(s), {tolerated} expected")
     return 1 if new else 0
 

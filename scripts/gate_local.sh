@@ -14,8 +14,9 @@
 # The gate is `cacheruntime check` (src/cacheruntime/gate.py): traceability, TLC, Z3
 # (`z3 --mutants`) and the conformance suite on the SGLang adapter with
 # `--expected-failures` (passed on to the suite as `--expected`). The suite runs in the
-# default `ci` profile (derandomized, shrinking on; about 30 s on SGLang): `check` has no
-# flag to pass `--no-shrink`/`--max-examples` through, and does not need one at this size.
+# default `ci` profile (derandomized) without shrinking (the gate's default: shrinking has a
+# wall-clock limit of its own); each new failure comes with the command that shrinks it.
+# Every check keeps going past each violation it finds, so every known one is named.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

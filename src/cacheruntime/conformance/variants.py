@@ -234,7 +234,7 @@ class Opaque(_Variant):
 
 
 class Combined(EagerFree):
-    """Every freedom at once: renumbered, random placement, reports one poll late, restores out of order."""
+    """Every freedom at once: renumbered, random placement, reports one poll late, restores out of order, eager frees."""
 
     options: ClassVar[dict[str, Any]] = {"numbering": RENUMBERED, "reporting": "next_poll"}
     placement_seed = 3

@@ -105,3 +105,26 @@ def test_a_bad_choice_is_refused():
         LocalGPURuntime(**OPTIONS, free_order="sideways")
     with pytest.raises(ValueError):
         Numbering(stride=0)
+
+
+def test_a_failed_call_under_random_placement_changes_nothing():
+    """A random take puts each page back exactly where it was: a failed submit leaves the free lists as they were."""
+    from runtimekit import PS, comparable, item, plan
+
+    from cacheruntime.invariants import check_state
+    from cacheruntime.protocol import Drop, ExtentInUse
+    from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+
+    rt = LocalGPURuntime(**{**CONFORMANCE_OPTIONS, "free_order": "random", "seed": 7})
+    h = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(plan(item(h, 4 * PS))))
+    x = rt.publish(h, 0, 4)
+    rt.submit((Backup(x),))
+    rt.wait_completions()
+    before = rt.probe()
+    with pytest.raises(ExtentInUse):
+        rt.submit((Drop(x), Backup(x), Demote(x)))  # the Demote fails after the Drop freed and the Backup took host pages
+    after = rt.probe()
+    assert comparable(after) == comparable(before)
+    check_state(after)
+    rt.close()

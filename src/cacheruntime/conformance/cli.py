@@ -3,6 +3,7 @@
     cacheruntime conformance --runtime MODULE:FACTORY [--option key=value ...]
         [--profile ci|deep] [--check NAME ...] [--expected FILE] [--junitxml PATH]
     cacheruntime conformance --mutants      # kill table of the suite's own mutants
+    cacheruntime conformance --legal        # table of the legal variants, which must all pass
 
 Exit 0 when every check that ran passed or failed as expected; 1 on a new failure.
 A failure prints the ids it is evidence for and a runnable Python reproduction; with
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expected", metavar="FILE", help="TOML expected-failures file")
     parser.add_argument("--junitxml", metavar="PATH", help="write a JUnit XML report")
     parser.add_argument("--mutants", action="store_true", help="run the suite against its mutants and print the kill table")
+    parser.add_argument("--legal", action="store_true", help="run the legal variants through the checks they claim and print the table")
     parser.add_argument("--shrink", action="store_true", help="with --mutants: shrink each kill (slow; steps then minimal)")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing sequence unshrunk (faster gate)")
 
@@ -152,6 +154,10 @@ def kill_table(shrink: bool, names: list[str] | None = None) -> tuple[list[tuple
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.legal:
+        from cacheruntime.conformance import legal
+
+        return legal.main(args)
     if args.mutants:
         print(f"{'mutant':34} {'id':4} {'killed':6} {'by check':9} {'detected as':32} {'steps':>5} {'time':>6}")
         rows, all_killed = kill_table(args.shrink)

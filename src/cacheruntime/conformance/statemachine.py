@@ -1,19 +1,25 @@
 """The conformance state machine: the runtime under test and the reference model, call by call.
 
 Hypothesis drives both with the same calls (valid and deliberately invalid) and the
-machine compares every outcome: the returned value (the protocol fixes page names,
-generations and ids, so values must be equal), or the error type (and `OutOfPages`
-numbers). Transfer timing belongs to the runtime: what it reports as completed (by
-`poll_completions`, `wait_completions`, or, with INTROSPECTION, by no longer listing a
-transfer in `probe()`) is fed into the model with `complete_transfer`, and a completion
-the model cannot have yet is a failure.
+machine compares every outcome: the returned value, or the error type (and `OutOfPages`
+numbers). Values the contract leaves to the runtime (page names, extent generations,
+batch and transfer ids: spec/protocol.md §2.1) are compared up to renaming
+(`cacheruntime.conformance.renaming`): the machine learns which runtime value stands for
+which model value as they are issued, holds the runtime to that bijection, and sends the
+model the images of the runtime's values. Transfer timing belongs to the runtime: what
+it reports as completed (by `poll_completions`, `wait_completions`, or, with
+INTROSPECTION, by no longer listing a transfer in `probe()`) is fed into the model with
+`complete_transfer`, and a completion the model cannot have yet is a failure; which
+completed transfers a poll reports is the runtime's too (a wait reports all).
 
 With INTROSPECTION the invariant predicates of `cacheruntime.invariants` judge the
 runtime's own `probe()` after every step, a failed call must leave `probe()` unchanged
 (H1), and the runtime's abstract state must match the model's where the contract fixes
-it (page names, holders, copy states, tags, extents, batches, transfers, free counts,
-boundary calls); physical page numbers are the runtime's own. B2 judges every value
-returned. With TAGGED_COMPUTE `next_token` and the copies' tags must equal the model's (D1).
+it (`cacheruntime.conformance.projection`: rows, holders, copy states, written tags,
+extents, batches, transfers, free counts, deferred frees, boundary calls), renamed;
+physical page numbers are the runtime's own. B2 judges every value returned. With
+TAGGED_COMPUTE `next_token` and the copies' tags at written positions must equal the
+model's (D1).
 
 `machine_for` builds the machine for one runtime factory and one check; a failure's
 notes are the shrunk call sequence, which `reproduction` turns into a runnable script.
@@ -30,7 +36,9 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, precondition, rule
 
 from cacheruntime import invariants, pageruns
+from cacheruntime.conformance import projection
 from cacheruntime.conformance.failure import ConformanceFailure, ids_for_error_mismatch
+from cacheruntime.conformance.renaming import Kind, Problem, Renaming
 from cacheruntime.conformance.target import Target, model_for
 from cacheruntime.protocol import (
     AbstractState,
@@ -42,7 +50,6 @@ from cacheruntime.protocol import (
     CacheRuntimeError,
     Capability,
     Close,
-    CopyState,
     Demote,
     Drop,
     ForeignRuntime,
@@ -56,6 +63,7 @@ from cacheruntime.protocol import (
     RuntimeInfo,
     StaleHandle,
     Tier,
+    TransferCompletion,
     TransferKind,
     UnknownHandle,
 )
@@ -117,30 +125,6 @@ def _describe_error(error: CacheRuntimeError) -> str:
     return type(error).__name__
 
 
-def projection(state: AbstractState, tagged: bool) -> dict[str, tuple[str, object]]:
-    """The parts of an abstract state the contract fixes, each with the id a mismatch is evidence for.
-
-    Physical page numbers are left out (they are the runtime's choice); free counts are
-    kept. Tags are compared only for valid copies and only from TAGGED_COMPUTE runtimes.
-    """
-    return {
-        "epoch": ("probe:epoch", state.epoch),
-        "slots": ("probe:slots", state.slots),
-        "pages": ("probe:pages", tuple((p.page, p.holders, p.l1, p.l2, p.versions) for p in state.pages)),
-        "tags": (
-            "D1",
-            tuple((p.page, p.l1_tags if p.l1 is CopyState.VALID else None, p.l2_tags if p.l2 is CopyState.VALID else None) for p in state.pages)
-            if tagged
-            else (),
-        ),
-        "extents": ("probe:extents", state.extents),
-        "batches": ("probe:batches", tuple((b.batch_id, b.state, b.slots) for b in state.batches)),
-        "transfers": ("probe:transfers", tuple((t.transfer_id, t.kind, t.pages) for t in state.transfers)),
-        "free": ("probe:free", tuple(sorted((pool.tier.value, len(pool.free)) for pool in state.pools))),
-        "boundary_calls": ("B1", state.boundary_calls),
-    }
-
-
 def _without_tokens(value):
     """A BatchCompletion with every next_token blanked, for runtimes without TAGGED_COMPUTE."""
     if isinstance(value, BatchCompletion):
@@ -182,13 +166,19 @@ class RuntimeConformance(RuleBasedStateMachine):
         """Complete in the model every transfer the runtime's probe no longer lists as in flight."""
         if not self._claims(Capability.INTROSPECTION):
             return
-        live = {t.transfer_id for t in self.runtime.probe().transfers}
-        done = [t for t in self.model.state.transfers if t not in live]
+        live = projection.in_flight(self.renaming, self.runtime.probe(), self.model.probe())
+        self._complete_in_model([t for t in self.model.state.transfers if t not in live], "probe()")
+
+    def _complete_in_model(self, done: list[int], source: str) -> None:
+        """Complete the model's transfers `done` (model ids), each after those it waits for (O3 if impossible)."""
+        done = [t for t in done if t in self.model.state.transfers]
         while done:
             ready = [t for t in done if t in self.model.completable()]
             if not ready:
                 waits = {t: sorted(self.model.state.transfers[t].waits_for) for t in done}
-                self._fail(("O3",), f"transfers {done} completed before the transfers they wait for ({waits})", "probe", "completes a transfer too early")
+                self._fail(
+                    ("O3",), f"{source} completed transfers {done} before the transfers they wait for ({waits})", source, "completes a transfer too early"
+                )
             self.model.complete_transfer(ready[0])
             done.remove(ready[0])
 
@@ -211,11 +201,12 @@ class RuntimeConformance(RuleBasedStateMachine):
                 return True
         return False
 
-    def _live_extent(self, i: int) -> CacheExtentRef:
-        """The i-th (modulo) extent live in the model, as the ref the runtime issued for it."""
+    def _live_extent(self, i: int) -> tuple[CacheExtentRef, list[int]]:
+        """The i-th (modulo) extent live in the model: the ref the runtime issued for it, and the model's page names."""
         live = sorted(self.model.state.extents.items())
         generation, record = live[i % len(live)]
-        return CacheExtentRef(self.info.runtime_id, self.model.state.epoch, generation, pageruns.coalesce(record.pages))
+        ref = CacheExtentRef(self.info.runtime_id, self.model.state.epoch, generation, pageruns.coalesce(record.pages))
+        return self.renaming.runtime_ref(ref), list(record.pages)
 
     def _judge(self, operation: str, before: AbstractState | None, value: object = None) -> None:
         """After a successful call: B2 on the value, then (INTROSPECTION) invariants and the model match."""
@@ -242,14 +233,13 @@ class RuntimeConformance(RuleBasedStateMachine):
 
     def _match_model(self, operation: str, state: AbstractState) -> None:
         tagged = self._claims(Capability.TAGGED_COMPUTE)
-        mine, theirs = projection(state, tagged), projection(self.model.probe(), tagged)
-        diff = [key for key in mine if mine[key][1] != theirs[key][1]]
+        diff = projection.compare(self.renaming, state, self.model.probe(), tagged)
         if diff:
             self._fail(
-                tuple(dict.fromkeys(mine[k][0] for k in diff)),
-                f"after {operation}, probe() differs from the model in " + "; ".join(f"{k}: runtime {mine[k][1]!r}, model {theirs[k][1]!r}" for k in diff),
+                tuple(dict.fromkeys(d.id for d in diff)),
+                f"after {operation}, probe() differs from the model in " + "; ".join(f"{d.field}: {d.detail}" for d in diff),
                 operation,
-                f"probe differs in {', '.join(diff)}",
+                f"probe differs in {', '.join(dict.fromkeys(d.field for d in diff))}",
             )
 
     def _call(self, operation: str, *args):
@@ -257,7 +247,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         self._sync()
         before = self._probe()
         saved = self.model.state.clone() if self.set_aside and self._aside(operation, "where the model returns") else None
-        expected, model_error = _outcome(lambda: getattr(self.model, operation)(*args))
+        expected, model_error = _outcome(lambda: getattr(self.model, operation)(*self.renaming.model_args(args)))
         model_outcome = f"the model raises {type(model_error).__name__}" if model_error is not None else "the model returns"
         if model_error is not None and self.set_aside and self._aside(operation, f"where {model_outcome}"):
             return None  # a known violation of this call: not sent to the runtime
@@ -293,20 +283,18 @@ class RuntimeConformance(RuleBasedStateMachine):
                 )
             self._judge_failed(operation, before)
             return None
-        self._judge(operation, before, actual)
+        mine, theirs = actual, expected
         if not self._claims(Capability.TAGGED_COMPUTE):
-            actual, expected = _without_tokens(actual), _without_tokens(expected)
-        if isinstance(actual, RuntimeInfo):
-            actual, expected = _fixed_info(actual), _fixed_info(expected)
-        if actual != expected:
-            tokens = _only_tokens_differ(actual, expected)
-            ids = ("D1",) if tokens else (f"contract:{operation}",)
-            self._fail(
-                ids,
-                f"{operation} returned {actual!r}; the model returned {expected!r}",
-                operation,
-                "serves other tokens" if tokens else "returns another value",
-            )
+            mine, theirs = _without_tokens(mine), _without_tokens(theirs)
+        if isinstance(mine, RuntimeInfo):
+            mine, theirs = _fixed_info(mine), _fixed_info(theirs)
+        problems = self.renaming.match(mine, theirs)  # learns the runtime's new names before probe() is compared
+        self._judge(operation, before, actual)
+        if problems:
+            ids = ("D1",) if all(where.endswith(".next_token") for where, _ in problems) else (f"contract:{operation}",)
+            tokens = ids == ("D1",)
+            message = f"{operation} returned {actual!r}; the model returned {expected!r}: {_describe(problems)}"
+            self._fail(ids, message, operation, "serves other tokens" if tokens else "returns another value")
         if isinstance(actual, RequestRuntimeHandle):
             self.issued.append(actual)
         return actual
@@ -314,9 +302,9 @@ class RuntimeConformance(RuleBasedStateMachine):
     def _judge_failed(self, operation: str, before: AbstractState | None) -> None:
         """A call that raised must change nothing (H1): probe() as before, unless a transfer completed meanwhile."""
         after = self._probe()
-        if after is None:
+        if after is None or before is None:
             return
-        changed = invariants.H1_failed_call_changes_nothing(before, after)
+        changed = invariants.H1_failed_call_changes_nothing(projection.observable(before), projection.observable(after))
         if after.transfers == before.transfers and changed:
             self._fail(("H1",), f"{operation} raised but changed the state: " + "; ".join(changed), operation, "changes state when it raises")
         self._sync()
@@ -330,23 +318,63 @@ class RuntimeConformance(RuleBasedStateMachine):
             reported = getattr(self.runtime, operation)()
         except Exception as crash:
             self._fail((f"contract:{operation}",), f"{operation} raised {type(crash).__name__}: {crash}", operation, f"crashes with {type(crash).__name__}")
-        for completion in reported:
-            transfer_id = completion.ticket.transfer_id
-            if transfer_id in self.model.state.transfers:
-                if transfer_id not in self.model.completable():
-                    self._fail(
-                        ("O3",), f"{operation} reported transfer {transfer_id} before the transfers it waits for", operation, "reports a completion too early"
-                    )
-                self.model.complete_transfer(transfer_id)
-        expected = getattr(self.model, operation)()
-        # Completion order is the runtime's (the model cannot know it); the set must agree.
+        bad = invariants.B2_plain_values(reported, f"{operation}()")
+        if bad or not isinstance(reported, tuple) or not all(isinstance(c, TransferCompletion) for c in reported):
+            kind = "hands control a device object" if bad else "returns another value"
+            self._fail(("B2",) if bad else (f"contract:{operation}",), f"{operation} returned {reported!r}: " + "; ".join(bad), operation, kind)
         ids = [c.ticket.transfer_id for c in reported]
-        by_id = lambda cs: sorted(cs, key=lambda c: c.ticket.transfer_id)  # noqa: E731
-        if len(set(ids)) != len(ids) or by_id(reported) != by_id(expected):
-            message = f"{operation} reported {reported!r}; the model has {expected!r} completed and unreported"
+        if ids != sorted(set(ids)):
+            self._fail(
+                (f"contract:{operation}",), f"{operation} reported {reported!r}: not once each, ordered by transfer id", operation, "reports out of order"
+            )
+        counterparts = self._counterparts(operation, reported)
+        self._complete_in_model(counterparts, operation)
+        everything = getattr(self.model, operation)()
+        # Which completed transfers a poll reports is the runtime's choice; the rest stay unreported in the model.
+        expected = tuple(sorted((c for c in everything if c.ticket.transfer_id in counterparts), key=lambda c: counterparts.index(c.ticket.transfer_id)))
+        held = [c for c in everything if c.ticket.transfer_id not in counterparts]
+        if held and operation == "wait_completions":
+            message = f"{operation} reported {reported!r}; the model has also {held!r} completed and unreported"
+            self._fail((f"contract:{operation}",), message, operation, "leaves completions unreported")
+        self.model.state.unreported[:0] = held
+        problems = self.renaming.match(tuple(reported), expected)
+        if problems:
+            message = f"{operation} reported {reported!r}; the model has {expected!r}: {_describe(problems)}"
             self._fail((f"contract:{operation}",), message, operation, "reports other completions")
         self._judge(operation, before, reported)
         return reported
+
+    def _counterparts(self, operation: str, reported: tuple) -> list[int]:
+        """The model's transfer id for each reported completion, in report order, binding new runtime ids.
+
+        A runtime id seen before stands for its model id; a new one (a transfer started
+        and completed unseen, or a runtime without INTROSPECTION) stands for the model's
+        lowest unbound transfer, in flight or completed and unreported, with the same kind,
+        extent and page count. A completion no model transfer can account for is a failure.
+        """
+        st, epoch = self.model.state, self.model.state.epoch
+        transfers = self.renaming.bijection(Kind.TRANSFER, epoch)
+        open_ = {t: record.ticket for t, record in st.transfers.items()} | {c.ticket.transfer_id: c.ticket for c in st.unreported}
+        found = []
+        for completion in reported:
+            ticket = completion.ticket
+            model_id = transfers.forward.get(ticket.transfer_id) if ticket.epoch == epoch else None
+            if model_id is None and ticket.epoch == epoch:
+                generation = self.renaming.to_model(Kind.EXTENT, epoch, ticket.extent_generation)
+                same = [
+                    t
+                    for t, theirs in sorted(open_.items())
+                    if t not in transfers.backward
+                    and (theirs.kind, theirs.extent_generation, theirs.page_count) == (ticket.kind, generation, ticket.page_count)
+                ]
+                if same:
+                    model_id = same[0]
+                    transfers.bind(ticket.transfer_id, model_id)
+            if model_id is None or model_id not in open_ or model_id in found:
+                message = f"{operation} reported {ticket!r}, which no transfer the model has in flight or unreported accounts for"
+                self._fail((f"contract:{operation}",), message, operation, "reports a transfer the model does not have")
+            found.append(model_id)
+        return found
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -365,6 +393,7 @@ class RuntimeConformance(RuleBasedStateMachine):
             self.runtime.set_transfer_delay(self.check.delay, TransferKind.RESTORE)
             self.runtime.set_transfer_delay(3 * self.check.delay, TransferKind.BACKUP)
         self.issued: list[RequestRuntimeHandle] = []
+        self.renaming = Renaming()
 
     def teardown(self) -> None:
         """Leave no transfer running into the next case (a fresh runtime is made anyway)."""
@@ -377,8 +406,8 @@ def _fixed_info(info: RuntimeInfo) -> RuntimeInfo:
     return attrs.evolve(info, capabilities=frozenset(), page_bytes=0)
 
 
-def _only_tokens_differ(actual, expected) -> bool:
-    return isinstance(actual, BatchCompletion) and isinstance(expected, BatchCompletion) and _without_tokens(actual) == _without_tokens(expected)
+def _describe(problems: list[Problem]) -> str:
+    return "; ".join(f"{where}: {what}" for where, what in problems)
 
 
 def machine_for(target: Target | str, options: dict | None = None, check: str = "core") -> type[RuntimeConformance]:
@@ -496,11 +525,10 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @rule(i=st.integers(0, 7), n=st.integers(1, ps))
         def reuse_prefix(self, i, n):
             """A new request hits the i-th live extent: open, attach it (restoring what is not on device), compute."""
-            extent = self._live_extent(i)
+            extent, pages = self._live_extent(i)
             request = self._call("open_request")
             if request is None:
                 return
-            pages = self.model.state.extents[extent.generation].pages
             missing = any(Tier.L1 not in self.model.state.pages[p].copies for p in pages)
             intents = (Restore(extent),) if missing and tiers else ()
             handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n)), (extent,)),), intents))
@@ -512,7 +540,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         def tree_operation(self, i, how):
             """The tree releases, retains or splits the i-th live extent; after a split, a late
             release of the pre-split ref must be stale (scenario 10)."""
-            extent = self._live_extent(i)
+            extent, _ = self._live_extent(i)
             if how == "split":
                 if self._call("split", extent, max(1, extent.page_count // 2)) is not None:
                     self._call("release", extent)
@@ -630,7 +658,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @rule(i=st.integers(0, 7), moves=st.lists(st.sampled_from([Backup, Demote, Restore, Drop]), min_size=1, max_size=3))
         def move_extent(self, i, moves):
             """The tree moves the i-th live extent between tiers (backup then demote: eviction to L2)."""
-            extent = self._live_extent(i)
+            extent, _ = self._live_extent(i)
             self._call("submit", tuple(move(extent) for move in moves))
 
         Machine.move_extent = move_extent
@@ -640,8 +668,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         def evict_then_hit(self, i, n, poll):
             """Scenario 1: the rows reading the i-th live extent finish, the tree evicts it to L2 (backup,
             demote), and a new request hits it while the backup may still be in flight (restore, compute)."""
-            extent = self._live_extent(i)
-            pages = set(self.model.state.extents[extent.generation].pages)
+            extent, extent_pages = self._live_extent(i)
+            pages = set(extent_pages)
             for slot_id, slot in enumerate(self.model.state.slots):
                 if slot.live and pages & set(slot.pages):
                     self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation))

@@ -10,8 +10,10 @@ choices, and a conformance suite that compares up to renaming must pass every ot
 from __future__ import annotations
 
 import enum
+import functools
 import random
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 
@@ -52,7 +54,7 @@ class FreeOrder(enum.Enum):
 
 
 class Allocator:
-    """Takes physical pages off a free list in a `FreeOrder`, and puts them back exactly on undo.
+    """Takes physical pages off a free list in a `FreeOrder`, and says how to put them back exactly.
 
     Frees always go to the back of the list; only where pages are taken from differs.
     """
@@ -61,24 +63,27 @@ class Allocator:
         self.order = order
         self._rng = random.Random(seed)
 
-    def take(self, free: deque[int], count: int) -> list[int]:
-        """`count` pages off `free` (the caller checked there are enough), in the order taken."""
+    def take(self, free: deque[int], count: int) -> tuple[list[int], Callable[[], object]]:
+        """`count` pages off `free` (the caller checked there are enough), in the order taken,
+        and the step that puts them back where they were (for a call's journal)."""
         if self.order is FreeOrder.FIFO:
-            return [free.popleft() for _ in range(count)]
+            taken = [free.popleft() for _ in range(count)]
+            return taken, functools.partial(free.extendleft, taken[::-1])
         if self.order is FreeOrder.LIFO:
-            return [free.pop() for _ in range(count)]
-        taken = []
+            taken = [free.pop() for _ in range(count)]
+            return taken, functools.partial(free.extend, taken[::-1])
+        positions = []
         for _ in range(count):
-            free.rotate(-self._rng.randrange(len(free)))
-            taken.append(free.popleft())
-        return taken
+            index = self._rng.randrange(len(free))
+            positions.append((index, free[index]))
+            del free[index]
+        return [page for _, page in positions], functools.partial(_put_back, free, positions)
 
-    def untake(self, free: deque[int], taken: list[int]) -> None:
-        """Put `taken` back where `take` found it (random order: back at the front, a legal order too)."""
-        if self.order is FreeOrder.LIFO:
-            free.extend(reversed(taken))
-        else:
-            free.extendleft(reversed(taken))
+
+def _put_back(free: deque[int], positions: list[tuple[int, int]]) -> None:
+    """Undo a random take: each page back at the index it was taken from, last taken first."""
+    for index, page in reversed(positions):
+        free.insert(index, page)
 
 
 class Reporting(enum.Enum):

@@ -35,10 +35,9 @@ class Pages(_Base):
 
     def take_phys(self, tier: Tier, count: int) -> list[int]:
         """`count` physical pages of `tier` off its free list (the caller checked there are enough)."""
-        free = self.state.pools[tier].free
-        taken = self.allocator.take(free, count)
+        taken, put_back = self.allocator.take(self.state.pools[tier].free, count)
         if self.txn.journal is not None:
-            self.txn.journal.append(lambda: self.allocator.untake(free, taken))
+            self.txn.journal.append(put_back)
         return taken
 
     def new_pages(self, count: int) -> tuple[range, list[int]]:

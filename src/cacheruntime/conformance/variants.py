@@ -1,0 +1,235 @@
+"""Legal variants of `LocalGPURuntime`: each differs from it only where the contract leaves freedom.
+
+The mutants (`cacheruntime.conformance.mutants`) are runtimes the suite must fail; these
+are runtimes it must pass. Each takes one freedom spec/protocol.md §2.1 grants (how
+values are numbered, which physical page a copy takes, when a completed transfer is
+reported, in which legal order transfers complete, how many streams carry them, when a
+finished transfer is completed) and every check it claims must pass:
+`cacheruntime conformance --legal` prints the table, and
+`tests/conformance/test_legal_variants.py` runs it in the CI profile.
+
+Every variant is the conformance configuration
+(`cacheruntime.runtime.factories.CONFORMANCE_OPTIONS`) on the CPU, built only on the
+runtime's public seams: its constructor options (`numbering`, `free_order`, `reporting`,
+`d2h_bytes_per_batch`, `d2h_issue`), its public parts (the ledger's `allocator`, the
+device layer's `h2d` and `d2h` streams, replaced by `Lanes`), and public operations and
+properties of a subclass (`capabilities`, the freeing calls). None overrides a private
+method.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import attrs
+
+from cacheruntime.conformance.target import Target
+from cacheruntime.protocol import CacheExtentRef, Capability, PreparedBatchHandle, RequestRuntimeHandle
+from cacheruntime.runtime.device.streams import Event, Stream, make_stream
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.ledger import Numbering
+from cacheruntime.runtime.local import LocalGPURuntime
+
+#: Another numbering of page names and ids: other first values, and gaps between values.
+RENUMBERED = Numbering(first_page=100, first_extent=7, first_batch=40, first_transfer=9, stride=3)
+
+
+class Lanes:
+    """One transfer stream made of several lanes: each transfer's work goes to the next lane, round robin.
+
+    The device layer issues a transfer as its waits, the delay knob's sleep, the copy, and
+    then `record()` of the event that marks it done, so `record` ends one transfer's work
+    on the current lane and moves on to the next. Transfers on different lanes run
+    concurrently and complete in whatever order their events allow: each still waits
+    for every event it is told to (the backup filling its source, compute), so every
+    order is a legal one. `lag` holds the first lane that many seconds before each of its
+    transfers, so that a later transfer on another lane usually completes first.
+    """
+
+    def __init__(self, streams: list[Stream], lag: float = 0.0):
+        self.streams = streams
+        self.lag = lag
+        self.current = 0
+        self._hold()
+
+    def _hold(self) -> None:
+        if self.lag and self.current == 0:
+            self.streams[0].sleep(self.lag)
+
+    def submit(self, fn: Callable[[], Any]) -> Any:
+        return self.streams[self.current].submit(fn)
+
+    def wait(self, event: Any) -> None:
+        self.streams[self.current].wait(event)
+
+    def sleep(self, seconds: float) -> None:
+        self.streams[self.current].sleep(seconds)
+
+    def record(self) -> Event:
+        """The event after the current transfer's work; the next transfer goes to the next lane."""
+        event = self.streams[self.current].record()
+        self.current = (self.current + 1) % len(self.streams)
+        self._hold()
+        return event
+
+    def synchronize(self) -> None:
+        for stream in self.streams:
+            stream.synchronize()
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
+
+
+def _close(streams: list[Stream]) -> None:
+    for stream in streams:
+        stream.close()
+
+
+class _Variant(LocalGPURuntime):
+    """The conformance runtime with the constructor options and streams a variant names."""
+
+    options: ClassVar[dict[str, Any]] = {}
+    h2d_lanes = 1
+    d2h_lanes = 1
+    lag = 0.0
+
+    def __init__(self, device: str = "cpu", **options: Any):
+        super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **self.options, **options})
+        layer, extra = self.device_layer, []
+        for name, count in (("h2d", self.h2d_lanes), ("d2h", self.d2h_lanes)):
+            if count > 1:
+                lanes = [getattr(layer, name)] + [make_stream(f"{name}-{i}", layer.device) for i in range(1, count)]
+                extra += lanes[1:]
+                setattr(layer, name, Lanes(lanes, self.lag))
+        # The device layer stops the streams it made; the extra lanes stop with the runtime.
+        self._stop_lanes = weakref.finalize(self, _close, extra)
+
+    def close(self) -> None:
+        super().close()
+        self._stop_lanes()
+
+
+class Lifo(_Variant):
+    """A new copy takes the physical page freed last (§2.1: placement is the runtime's)."""
+
+    options: ClassVar[dict[str, Any]] = {"free_order": "lifo"}
+
+
+class RandomFree(_Variant):
+    """A new copy takes a random free physical page (§2.1: placement is the runtime's)."""
+
+    options: ClassVar[dict[str, Any]] = {"free_order": "random", "seed": 7}
+
+
+class Renumbered(_Variant):
+    """Page names from 100, extents from 7, batches from 40, transfers from 9, each step 3 (§2.1: numbering)."""
+
+    options: ClassVar[dict[str, Any]] = {"numbering": RENUMBERED}
+
+
+class NextPoll(_Variant):
+    """A completed transfer is reported one poll later than it could be (§5: reporting is the runtime's)."""
+
+    options: ClassVar[dict[str, Any]] = {"reporting": "next_poll"}
+
+
+class AtWait(_Variant):
+    """Completed transfers are reported only by `wait_completions`; polls report nothing (§5)."""
+
+    options: ClassVar[dict[str, Any]] = {"reporting": "at_wait"}
+
+
+class RestoresOutOfOrder(_Variant):
+    """Restores on two H2D lanes, the first held 4 ms per transfer: later restores complete first (§5: legal orders)."""
+
+    h2d_lanes = 2
+    lag = 0.004
+
+
+class MoreStreams(_Variant):
+    """Three H2D and two D2H lanes; backups copied one page per piece, each issued after the batch's outputs (§5)."""
+
+    options: ClassVar[dict[str, Any]] = {"d2h_bytes_per_batch": 1, "d2h_issue": "after_outputs"}
+    h2d_lanes = 3
+    d2h_lanes = 2
+
+
+class EagerFree(_Variant):
+    """Completes every transfer whose device work is done before a call that frees pages (close, release,
+    cancel), so it never defers a free it can do at once (§5: completion timing is the runtime's)."""
+
+    def complete_finished(self) -> None:
+        """Complete, in the ledger, the transfers the device has finished (their effects take place now)."""
+        ledger = self.ledger
+        if ledger.state.transfers:
+            ledger.complete_in_order(self.device_layer.done(list(ledger.state.transfers)))
+
+    def close_request(self, request: RequestRuntimeHandle) -> None:
+        self.complete_finished()
+        super().close_request(request)
+
+    def release(self, extent: CacheExtentRef) -> None:
+        self.complete_finished()
+        super().release(extent)
+
+    def cancel_batch(self, batch: PreparedBatchHandle) -> None:
+        self.complete_finished()
+        super().cancel_batch(batch)
+
+
+class Opaque(_Variant):
+    """Claims no INTROSPECTION, numbers its own way and takes pages last-freed-first: the suite learns the
+    renaming from returned values alone (§2.1; capabilities are the runtime's claim)."""
+
+    options: ClassVar[dict[str, Any]] = {"numbering": RENUMBERED, "free_order": "lifo"}
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return super().capabilities - {Capability.INTROSPECTION}
+
+
+class Combined(EagerFree):
+    """Every freedom at once: renumbered, random placement, reports one poll late, restores out of order, eager frees."""
+
+    options: ClassVar[dict[str, Any]] = {"numbering": RENUMBERED, "reporting": "next_poll", "free_order": "random", "seed": 3}
+    h2d_lanes = 2
+    lag = 0.004
+
+
+_CLASSES: dict[str, type[_Variant]] = {
+    "lifo": Lifo,
+    "random_free": RandomFree,
+    "renumbered": Renumbered,
+    "next_poll": NextPoll,
+    "at_wait": AtWait,
+    "restores_out_of_order": RestoresOutOfOrder,
+    "more_streams": MoreStreams,
+    "eager_free": EagerFree,
+    "opaque": Opaque,
+    "combined": Combined,
+}
+
+
+@attrs.frozen
+class Variant:
+    """A legal runtime: its name, the freedom it takes, and the checks it claims to pass."""
+
+    name: str
+    how: str
+    checks: tuple[str, ...] = ("core", "tiers", "restart", "ordering")
+
+    @property
+    def target(self) -> Target:
+        """The factory target that builds this variant."""
+        return Target("cacheruntime.conformance.variants:build", (("name", self.name),))
+
+
+VARIANTS: dict[str, Variant] = {name: Variant(name, " ".join((cls.__doc__ or "").split())) for name, cls in _CLASSES.items()}
+
+
+def build(name: str, **options: Any) -> LocalGPURuntime:
+    """Factory: a fresh instance of variant `name` ("lifo", "renumbered", ...)."""
+    return _CLASSES[name](**options)

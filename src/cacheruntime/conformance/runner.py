@@ -121,9 +121,10 @@ def run_check(target: Target, check: str, settings: Settings, keep_going: bool =
     return Outcome(check, "failed" if violations else "passed", time.monotonic() - started, tuple(violations))
 
 
-def describe(violation: Violation) -> str:
+def describe(violation: Violation, shrunk: bool = True) -> str:
     """A violation as the command line and pytest print it: signature, message, reproduction."""
-    return f"signature: {violation.signature}\n{violation.message}\n\n# ---- reproduction ({violation.steps} calls) ----\n{violation.script}"
+    how = "shrunk" if shrunk else "unshrunk"
+    return f"signature: {violation.signature}\n{violation.message}\n\n# ---- {how} reproduction ({violation.steps} calls) ----\n{violation.script}"
 
 
 def _run_once(target: Target, check: str, settings: Settings, set_aside: frozenset[str]) -> Violation | None:

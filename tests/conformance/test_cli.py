@@ -18,11 +18,12 @@ def test_local_runtime_conforms_in_ci_profile(tmp_path, capsys):
 
 
 def test_failure_prints_a_runnable_reproduction_and_exits_1(tmp_path, capsys):
-    argv = ["conformance", "--runtime", MUTANT, "--option", "name=local.no_generation_bump_on_close", "--check", "core"]
+    argv = ["conformance", "--runtime", MUTANT, "--option", "name=local.no_generation_bump_on_close", "--check", "core", "--no-shrink"]
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "[H2]" in out
-    script = out[out.index("# Reproduces") : out.index("FAILED: ")]
+    first = out[out.index("# Reproduces") :]
+    script = first[: min(first.index(end) for end in ("\nsignature: ", "\nFailures above", "\nFAILED: ") if end in first)]
     (tmp_path / "repro.py").write_text(script)
     run = subprocess.run([sys.executable, str(tmp_path / "repro.py")], capture_output=True, text=True)
     assert run.returncode != 0 and "ConformanceFailure: [H2]" in run.stderr

@@ -12,7 +12,7 @@ import argparse
 import time
 
 from cacheruntime.conformance.profiles import profile
-from cacheruntime.conformance.runner import Outcome, run_check
+from cacheruntime.conformance.runner import Outcome, describe, run_check
 from cacheruntime.conformance.statemachine import CHECKS
 from cacheruntime.conformance.variants import VARIANTS
 
@@ -43,6 +43,6 @@ def main(args: argparse.Namespace) -> int:
                 failures.append((name, o))
         print(f"{name:24} " + " ".join(cells) + f"  {VARIANTS[name].how}")
     for name, o in failures:
-        print(f"\n# ---- {name}: {o.check} FAILED: {o.message}\n{o.script}")
+        print(f"\n# ---- {name}: {o.check} FAILED\n" + "\n\n".join(describe(v) for v in o.violations))
     print(f"{len(VARIANTS) - len({n for n, _ in failures})}/{len(VARIANTS)} legal variants passed every check they claim ({time.monotonic() - started:.0f}s)")
     return 1 if failures else 0

@@ -4,6 +4,7 @@
         [--profile ci|deep] [--check NAME ...] [--expected FILE] [--junitxml PATH]
     cacheruntime conformance --mutants      # kill table of the suite's own mutants
     cacheruntime conformance --legal        # table of the legal variants, which must all pass
+    cacheruntime conformance --runtime ... --coverage   # also the named situations reached, per check
 
 Exit 0 when every check that ran passed or failed as expected; 1 on a new failure.
 A failure prints the ids it is evidence for and a runnable Python reproduction; with
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--legal", action="store_true", help="run the legal variants through the checks they claim and print the table")
     parser.add_argument("--shrink", action="store_true", help="with --mutants: shrink each kill (slow; steps then minimal)")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing sequence unshrunk (faster gate)")
+    parser.add_argument(
+        "--coverage", action="store_true", help="also print, per check, how often each named situation was reached (cases and calls); exit 1 below a floor"
+    )
 
 
 #: How a line begins that gives the command to shrink an unshrunk failure (`cacheruntime check` repeats these lines).
@@ -176,4 +180,16 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.junitxml:
         Path(args.junitxml).parent.mkdir(parents=True, exist_ok=True)
-    return run_target(args)
+    if not args.coverage:
+        return run_target(args)
+    from cacheruntime.conformance import coverage
+
+    with coverage.recording() as reach:
+        status = run_target(args)
+    print("\ncoverage: named situations reached (cacheruntime.conformance.coverage)")
+    for line in coverage.table(reach):
+        print(f"  {line}")
+    short = [f"{check}: {gap}" for check, tally in reach.items() for gap in tally.shortfalls(check)]
+    for gap in short:
+        print(f"BELOW FLOOR {gap}")
+    return status or int(bool(short))

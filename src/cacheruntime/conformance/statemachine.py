@@ -36,10 +36,11 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, precondition, rule
 
 from cacheruntime import invariants, pageruns
-from cacheruntime.conformance import projection
+from cacheruntime.conformance import coverage, projection
 from cacheruntime.conformance.failure import ConformanceFailure, ids_for_error_mismatch
 from cacheruntime.conformance.renaming import Kind, Problem, Renaming
 from cacheruntime.conformance.target import Target, model_for
+from cacheruntime.model.records import State
 from cacheruntime.protocol import (
     AbstractState,
     Backup,
@@ -247,7 +248,9 @@ class RuntimeConformance(RuleBasedStateMachine):
         self._sync()
         before = self._probe()
         saved = self.model.state.clone() if self.set_aside and self._aside(operation, "where the model returns") else None
-        expected, model_error = _outcome(lambda: getattr(self.model, operation)(*self.renaming.model_args(args)))
+        model_args, model_before = self.renaming.model_args(args), self.model.state
+        expected, model_error = _outcome(lambda: getattr(self.model, operation)(*model_args))
+        self._reached(operation, model_args, model_before, model_error)
         model_outcome = f"the model raises {type(model_error).__name__}" if model_error is not None else "the model returns"
         if model_error is not None and self.set_aside and self._aside(operation, f"where {model_outcome}"):
             return None  # a known violation of this call: not sent to the runtime
@@ -298,6 +301,13 @@ class RuntimeConformance(RuleBasedStateMachine):
         if isinstance(actual, RequestRuntimeHandle):
             self.issued.append(actual)
         return actual
+
+    def _reached(self, operation: str, model_args: tuple, before: State, error: CacheRuntimeError | None) -> None:
+        """Count the named situations this call reaches, judged on the model's side (`coverage`)."""
+        if not hasattr(self, "situations"):
+            self.situations: set[str] = set()
+        delayed = bool(self.check.delay) and self._claims(Capability.DELAY_KNOB)
+        coverage.observe(self.check.name, self.situations, coverage.situations(operation, model_args, before, error, self.model.state, delayed))
 
     def _judge_failed(self, operation: str, before: AbstractState | None) -> None:
         """A call that raised must change nothing (H1): probe() as before, unless a transfer completed meanwhile."""

@@ -1,0 +1,385 @@
+"""Reach, measured: the named situations the suite claims to drive a runtime into, and how often it did.
+
+A check that never restarts with a transfer in flight cannot catch a runtime that forgets
+in-flight transfers at restart, however many cases it runs. So the suite names the hard
+situations (issue 14: the ones runtimes are broken in, and those each survivor of the
+mutant families needs) and counts, per check, in how many cases and calls each was reached.
+Every situation is judged from the *model's* state and the model's outcome of the same call
+(arguments as the model sees them, after renaming), never from the runtime's: the same
+sequence of calls reaches the same situations on every runtime that conforms, so the floors
+below are a property of the suite's sequences, not of one runtime's timing.
+
+The machine (`cacheruntime.conformance.statemachine`) reports each call to `observe`, which
+emits a Hypothesis `event` per situation reached (shown with
+`--hypothesis-show-statistics`) and counts it, per check, in what `recording()` made active.
+`cacheruntime conformance --coverage` prints the tally per check;
+tests/conformance/test_coverage.py holds the CI profile to `Situation.floor` in each check
+that `Situation.checks` names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+
+import attrs
+from hypothesis import event
+from hypothesis.control import currently_in_test_context
+
+from cacheruntime import pageruns
+from cacheruntime.model.records import State
+from cacheruntime.protocol import (
+    Backup,
+    BatchPlan,
+    CacheExtentRef,
+    CacheRuntimeError,
+    Close,
+    Demote,
+    Drop,
+    OutOfPages,
+    Publish,
+    RequestRuntimeHandle,
+    Restore,
+    Tier,
+    TransferKind,
+)
+
+
+@attrs.frozen
+class Situation:
+    """A named situation: what it is, the checks whose CI profile must reach it, and in how many cases."""
+
+    name: str
+    about: str
+    checks: frozenset[str]
+    floor: int = 1  # cases (test cases of one check's run) that reach it at least
+
+
+def _checks(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+TIERED = _checks("tiers", "ordering")
+
+#: Every named situation, in the order the tables print them. Floors are cases per check in
+#: the CI profile (60 cases of up to 50 steps); a floor above 1 asks for a situation that is
+#: reached repeatedly, not once by luck.
+SITUATIONS: tuple[Situation, ...] = (
+    # issue 14's list: where runtimes broken independently of the suite survived
+    Situation("restart with a transfer in flight", "restart while the model has a transfer in flight", _checks("restart"), 3),
+    Situation("restart with a completion unreported", "restart while a completed transfer is not yet reported", _checks("restart"), 3),
+    Situation("OutOfPages from a plan with a Restore", "prepare_batch of a plan carrying a Restore raises OutOfPages", _checks("tiers"), 2),
+    Situation("half the host pages in use", "at least half the host (L2) pages are taken after a call", TIERED, 3),
+    Situation("split of an extent of 3+ pages", "a split that succeeds on an extent of at least 3 pages", _checks("core", "tiers"), 3),
+    Situation("Drop while a Restore from that copy is pending", "a Drop of an extent whose host copy an in-flight restore reads", _checks("ordering"), 2),
+    Situation("handle 2+ generations stale", "a request handle whose slot moved on by at least 2 generations", _checks("core"), 3),
+    Situation("rearranged page runs of a real extent", "a live extent's ref with its runs in another order", _checks("core"), 1),
+    Situation("repeated page runs of a real extent", "a live extent's ref with its runs repeated", _checks("core"), 3),
+    Situation("multi-page restore waiting on a backup under delay", "a restore of 2+ pages that waits for a backup, transfers slowed", _checks("ordering"), 3),
+    # what the survivors of the mutant families need (families.SURVIVORS, before this file)
+    Situation("close of a request in an older prepared batch", "RequestBusy where the newest prepared batch does not hold the request", _checks("core"), 2),
+    Situation("duplicate request and a bad intent handle", "one plan with a request twice and an intent's handle stale or unknown", _checks("core"), 2),
+    Situation("attach of a host-only page without Restore", "NotResident: an attached page has a host copy but no device copy", _checks("tiers"), 2),
+    Situation("RowFull from a plan of plain items", "a plan without attach or append whose row would pass max_request_tokens", _checks("core"), 2),
+    Situation("Backup of a partly backed-up extent short of host pages", "OutOfPages(L2) on a Backup of an extent with some host copies", _checks("tiers"), 1),
+    Situation("Demote of an extent a prepared batch attached", "ExtentInUse: a Demote of pages mapped by a row not yet computed", _checks("tiers"), 2),
+    Situation("publish of a partly written last page", "InvalidPageRun: a publish range reaching the row's partly written page", _checks("core"), 2),
+    Situation("publish of reserved, not computed pages", "InvalidPageRun: a publish of full pages only a prepared batch reserved", _checks("core"), 2),
+    Situation("foreign handle after a genuine one in a plan", "ForeignRuntime from a later item of a plan whose first item is genuine", _checks("core"), 2),
+    Situation(
+        "submit with a failing move before a bad handle", "a submit whose handle error comes after an intent that fails its own check", _checks("tiers"), 2
+    ),
+    Situation("restore from host pages out of order", "a restore whose host copies are not in ascending physical order", _checks("tiers"), 1),
+    Situation("append after a cancelled batch", "RequestBusy: append_previous_output when only a cancelled batch produced", _checks("core"), 2),
+    Situation("cancel back to a partly written page", "cancel_batch returns a row to a length inside a page", _checks("core"), 2),
+    Situation("empty item in a plan of plain items", "InvalidPlan: an item with no input ids and no append beside plain items", _checks("core"), 2),
+)
+
+#: Per operation, the error classes the suite claims to drive it into in a check's CI profile
+#: (spec/protocol.md §3-§4 lists which each operation can raise). Judged by the model's
+#: outcome; each is the situation "<operation> raises <error>".
+ERRORS: dict[str, tuple[str, ...]] = {
+    "open_request": ("OutOfSlots",),
+    "close_request": ("ForeignRuntime", "StaleHandle", "UnknownHandle", "RequestBusy"),
+    "prepare_batch": (
+        "ForeignRuntime",
+        "StaleHandle",
+        "UnknownHandle",
+        "InvalidPlan",
+        "NotBackedUp",
+        "RequestBusy",
+        "NotResident",
+        "RowFull",
+        "OutOfPages",
+    ),
+    "execute_batch": ("ForeignRuntime", "UnknownHandle", "AlreadyExecuted", "NotPrepared", "OutOfOrder", "StaleHandle"),
+    "cancel_batch": ("UnknownHandle", "AlreadyExecuted", "NotPrepared", "BatchDependency"),
+    "publish": ("StaleHandle", "InvalidPageRun"),
+    "split": ("StaleHandle", "UnknownHandle", "ExtentShared", "InvalidPageRun"),
+    "retain": ("StaleHandle", "UnknownHandle"),
+    "release": ("ForeignRuntime", "StaleHandle", "UnknownHandle"),
+    "submit": ("StaleHandle", "UnknownHandle", "NotBackedUp", "ExtentInUse", "WouldLoseData", "OutOfPages"),
+}
+
+#: The checks whose CI profile must reach each error situation: the tier errors in the tier checks.
+_TIER_ERRORS = {("prepare_batch", "NotBackedUp"), ("prepare_batch", "NotResident")}
+
+SITUATIONS = SITUATIONS + tuple(
+    Situation(
+        f"{operation} raises {error}",
+        f"the model's outcome of {operation} is {error}",
+        _checks("tiers") if operation == "submit" or (operation, error) in _TIER_ERRORS else _checks("core"),
+    )
+    for operation, errors in ERRORS.items()
+    for error in errors
+)
+
+BY_NAME: dict[str, Situation] = {s.name: s for s in SITUATIONS}
+
+
+@attrs.define
+class Tally:
+    """What one check's run reached: per situation, the cases and the calls."""
+
+    cases: Counter[str] = attrs.field(factory=Counter)
+    calls: Counter[str] = attrs.field(factory=Counter)
+
+    def shortfalls(self, check: str) -> list[str]:
+        """The situations `check` must reach whose case count is below their floor, each with its count."""
+        return [f"{s.name}: {self.cases[s.name]} case(s), floor {s.floor}" for s in SITUATIONS if check in s.checks and self.cases[s.name] < s.floor]
+
+
+_active: list[dict[str, Tally]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[dict[str, Tally]]:
+    """Count what the machine reaches while the block runs: one `Tally` per check that ran, by name."""
+    reach: dict[str, Tally] = {}
+    _active.append(reach)
+    try:
+        yield reach
+    finally:
+        _active.remove(reach)
+
+
+def observe(check: str, case: set[str], names: list[str]) -> None:
+    """Count the situations `names` one call of `check` reached; `case` holds those its case reached before."""
+    for name in names:
+        if currently_in_test_context():
+            event(f"situation: {name}")
+        for reach in _active:
+            tally = reach.setdefault(check, Tally())
+            tally.calls[name] += 1
+            if name not in case:
+                tally.cases[name] += 1
+        case.add(name)
+
+
+# -- judging a call from the model's side ----------------------------------------------------
+
+
+def _handles(value: object) -> Iterator[object]:
+    """Every handle a call's arguments carry: plans' items and intents, intent tuples, refs."""
+    if isinstance(value, BatchPlan):
+        for item in value.items:
+            yield item.request
+            yield from item.attach
+        for intent in value.intents:
+            yield from _handles(intent)
+    elif isinstance(value, tuple):
+        for part in value:
+            yield from _handles(part)
+    elif isinstance(value, Publish | Close):
+        yield value.request
+    elif hasattr(value, "extent") and isinstance(value.extent, CacheExtentRef):
+        yield value.extent  # type: ignore[attr-defined]
+    elif isinstance(value, RequestRuntimeHandle | CacheExtentRef):
+        yield value
+
+
+def _intents(operation: str, args: tuple) -> tuple:
+    if operation == "submit":
+        return tuple(args[0])
+    if operation == "prepare_batch" and isinstance(args[0], BatchPlan):
+        return args[0].intents
+    return ()
+
+
+def _restoring_reads(state: State) -> set[int]:
+    """Page names whose host copy an in-flight restore reads."""
+    return {name for t in state.transfers.values() if t.kind is TransferKind.RESTORE for name, _, _ in t.pages}
+
+
+def situations(operation: str, args: tuple, before: State, error: CacheRuntimeError | None, after: State, delayed: bool) -> list[str]:
+    """The named situations one call reaches: `args` as the model got them, its state before and after, its error."""
+    found: list[str] = []
+    add = found.append
+    raised = type(error).__name__ if error is not None else None
+    if raised:
+        add(f"{operation} raises {raised}")
+    intents = _intents(operation, args)
+    plan = args[0] if operation == "prepare_batch" and args and isinstance(args[0], BatchPlan) else None
+    # restarts
+    if operation == "restart" and error is None:
+        if before.transfers:
+            add("restart with a transfer in flight")
+        if before.unreported:
+            add("restart with a completion unreported")
+    # pages in use
+    l2 = after.pools.get(Tier.L2)
+    if l2 is not None and l2.total and (l2.total - len(l2.free)) * 2 >= l2.total:
+        add("half the host pages in use")
+    # handles
+    for handle in _handles(args):
+        if isinstance(handle, RequestRuntimeHandle) and handle.epoch == before.epoch and 0 <= handle.slot_id < len(before.slots):
+            if before.slots[handle.slot_id].generation >= handle.generation + 2:
+                add("handle 2+ generations stale")
+        if isinstance(handle, CacheExtentRef) and handle.epoch == before.epoch and handle.generation in before.extents:
+            issued, names = before.extents[handle.generation].pages, pageruns.expand(handle.page_runs)
+            if names != issued and set(names) == set(issued):  # judged on the names: renaming may coalesce runs anew
+                if len(names) > len(set(names)):
+                    add("repeated page runs of a real extent")
+                else:
+                    add("rearranged page runs of a real extent")
+    # split
+    if operation == "split" and error is None and args[0].generation in before.extents and len(before.extents[args[0].generation].pages) >= 3:
+        add("split of an extent of 3+ pages")
+    # plans
+    if plan is not None:
+        if any(isinstance(i, Restore) for i in plan.intents) and isinstance(error, OutOfPages):
+            add("OutOfPages from a plan with a Restore")
+        requests = [item.request for item in plan.items]
+        if raised in ("StaleHandle", "UnknownHandle") and len(set(requests)) < len(requests):
+            add("duplicate request and a bad intent handle")
+        plain = all(not item.attach and not item.append_previous_output for item in plan.items)
+        if raised == "RowFull" and plain:
+            add("RowFull from a plan of plain items")
+        if raised == "InvalidPlan" and plain and plan.items and any(not item.input_ids for item in plan.items) and any(item.input_ids for item in plan.items):
+            add("empty item in a plan of plain items")
+        if raised == "ForeignRuntime" and len(plan.items) > 1 and plan.items[0].request.runtime_id != plan.items[-1].request.runtime_id:
+            add("foreign handle after a genuine one in a plan")
+        if raised == "NotResident":
+            attached = {p for item in plan.items for ref in item.attach if ref.generation in before.extents for p in before.extents[ref.generation].pages}
+            if any(Tier.L2 in before.pages[p].copies and Tier.L1 not in before.pages[p].copies for p in attached if p in before.pages):
+                add("attach of a host-only page without Restore")
+        if raised == "RequestBusy" and any(item.append_previous_output for item in plan.items):
+            for item in plan.items:
+                slot = before.slots[item.request.slot_id] if 0 <= item.request.slot_id < len(before.slots) else None
+                if (
+                    item.append_previous_output
+                    and slot is not None
+                    and slot.live
+                    and slot.produced <= slot.appended
+                    and _cancelled_with(before, item.request.slot_id)
+                ):
+                    add("append after a cancelled batch")
+                    break
+    # close of a request held by an older prepared batch only
+    closing = [args[0]] if operation == "close_request" else [i.request for i in intents if isinstance(i, Close)]
+    if raised == "RequestBusy" and closing and before.batches:
+        newest = before.batches[max(before.batches)]
+        if any(0 <= c.slot_id < len(before.slots) and c.slot_id not in newest.slot_set for c in closing):
+            add("close of a request in an older prepared batch")
+    # publish
+    publishing = (
+        [(args[0], args[1], args[2])] if operation == "publish" else [(i.request, i.first_page, i.page_count) for i in intents if isinstance(i, Publish)]
+    )
+    if raised == "InvalidPageRun":
+        for request, first, count in publishing:
+            if not (0 <= request.slot_id < len(before.slots)):
+                continue
+            slot, ps = before.slots[request.slot_id], _page_size(before)
+            end = first + count
+            if first >= 0 and count >= 1 and slot.num_tokens % ps and end == slot.num_tokens // ps + 1:
+                add("publish of a partly written last page")
+            if first >= 0 and count >= 1 and slot.num_tokens // ps < end <= slot.reserved_tokens // ps:
+                add("publish of reserved, not computed pages")
+    # tier moves
+    if operation == "submit":
+        if isinstance(error, OutOfPages) and error.tier is Tier.L2:
+            for intent in intents:
+                if isinstance(intent, Backup) and intent.extent.generation in before.extents:
+                    pages = before.extents[intent.extent.generation].pages
+                    if any(Tier.L2 in before.pages[p].copies for p in pages):
+                        add("Backup of a partly backed-up extent short of host pages")
+                        break
+        if raised in ("StaleHandle", "UnknownHandle", "ForeignRuntime") and len(intents) > 1:
+            first_bad = next((n for n, i in enumerate(intents) if i.extent.generation not in before.extents or i.extent.epoch != before.epoch), 0)
+            if first_bad > 0 and any(_fails_alone(before, i) for i in intents[:first_bad]):
+                add("submit with a failing move before a bad handle")
+    if raised == "ExtentInUse":
+        for intent in intents:
+            if isinstance(intent, Demote) and intent.extent.generation in before.extents:
+                pages = set(before.extents[intent.extent.generation].pages)
+                attached = {p for b in before.batches.values() for item in b.plan.items for ref in item.attach for p in _pages_of(before, ref)}
+                if pages & attached:
+                    add("Demote of an extent a prepared batch attached")
+                    break
+    reading = _restoring_reads(before)
+    for intent in intents:
+        if isinstance(intent, Drop) and intent.extent.generation in before.extents and reading & set(before.extents[intent.extent.generation].pages):
+            add("Drop while a Restore from that copy is pending")
+            break
+    # transfers the call started
+    for transfer_id, transfer in after.transfers.items():
+        if transfer_id in before.transfers or transfer.kind is not TransferKind.RESTORE:
+            continue
+        if delayed and len(transfer.pages) >= 2 and any(after.transfers[w].kind is TransferKind.BACKUP for w in transfer.waits_for if w in after.transfers):
+            add("multi-page restore waiting on a backup under delay")
+        sources = [source for _, source, _ in transfer.pages]
+        if sources != sorted(sources):
+            add("restore from host pages out of order")
+    # cancel back inside a page
+    if operation == "cancel_batch" and error is None:
+        ps = _page_size(before)
+        cancelled = [b for b in before.batches if b not in after.batches]
+        for batch_id in cancelled:
+            if any(start % ps for start in before.batches[batch_id].start_tokens):
+                add("cancel back to a partly written page")
+    return list(dict.fromkeys(found))
+
+
+def _pages_of(state: State, ref: CacheExtentRef) -> tuple[int, ...]:
+    return state.extents[ref.generation].pages if ref.generation in state.extents else ()
+
+
+def _page_size(state: State) -> int:
+    return len(state.pools[Tier.L1].tags[0]) if state.pools[Tier.L1].tags else 1
+
+
+def _cancelled_with(state: State, slot_id: int) -> bool:
+    """Whether a cancelled batch held slot `slot_id` (its output was given back)."""
+    from cacheruntime.protocol import BatchState
+
+    return any(outcome is BatchState.CANCELLED and slot_id in slots for outcome, slots in state.finished.values())
+
+
+def _fails_alone(state: State, intent: object) -> bool:
+    """Whether a tier intent with a live extent fails its own precondition in `state` (no host or device copy)."""
+    extent = getattr(intent, "extent", None)
+    if extent is None or extent.generation not in state.extents:
+        return False
+    copies = [state.pages[p].copies for p in state.extents[extent.generation].pages]
+    if isinstance(intent, Demote | Restore):
+        return any(Tier.L2 not in c for c in copies)
+    if isinstance(intent, Drop):
+        return any(Tier.L1 not in c for c in copies)
+    return False
+
+
+def table(tallies: dict[str, Tally]) -> list[str]:
+    """Lines of the coverage table: per situation, cases (calls) per check; `-` where a check need not reach it."""
+    checks = list(tallies)
+    width = max(len(s.name) for s in SITUATIONS)
+    lines = [f"{'situation':{width}}  " + "  ".join(f"{c:>14}" for c in checks)]
+    for s in SITUATIONS:
+        cells = []
+        for check in checks:
+            count = f"{tallies[check].cases[s.name]} ({tallies[check].calls[s.name]})"
+            mark = "" if check not in s.checks else ("!" if tallies[check].cases[s.name] < s.floor else " ")
+            cells.append(f"{count + mark:>14}")
+        lines.append(f"{s.name:{width}}  " + "  ".join(cells))
+    lines.append("cases (calls) per check; ! marks a count below the floor of a check that must reach it")
+    return lines

@@ -76,22 +76,42 @@ ORDERING_DELAY = 0.02
 
 @attrs.frozen
 class Check:
-    """One named run of the machine: which rule families it enables and what it needs claimed."""
+    """One named run of the machine: which rule families it enables and what it needs claimed.
+
+    Each check draws its own sequences: the ci profile is derandomized with one seed for
+    every machine, so checks that enabled the same rules would replay the same cases
+    (the ordering check was the tiers check, only slower). `leaves_out` names rules a
+    check does without because another check covers them, which also gives its draws
+    their own meaning.
+    """
 
     name: str
     needs: frozenset[Capability]
     tiers: bool  # Backup/Restore/Demote/Drop as intents and through submit
     restart: bool
-    delay: float  # set_transfer_delay at the start of every case (0: leave the runtime's timing)
+    delay: float  # set_transfer_delay at the start of every case, where DELAY_KNOB is claimed (0: leave the runtime's timing)
     about: str
+    leaves_out: frozenset[str] = frozenset()
 
+
+#: The rules that send forged handles and wrong calls: the core and tiers checks cover them
+#: at full speed, so the ordering check spends its slow steps on transfers instead.
+MISUSE_RULES = frozenset({"close_forged_request", "release_forged_extent", "misuse", "use_forged_batch", "use_reordered_runs", "submit_two_faults"})
 
 CHECKS: dict[str, Check] = {
     c.name: c
     for c in (
         Check("core", frozenset(), False, False, 0.0, "requests, batches, extents, completions and misuse"),
         Check("tiers", frozenset({Capability.L2}), True, False, 0.0, "backup, restore, demote and drop, in plans and submit"),
-        Check("restart", frozenset({Capability.RESTART}), True, True, 0.0, "restart with work in flight; every old handle stale"),
+        Check(
+            "restart",
+            frozenset({Capability.RESTART}),
+            True,
+            True,
+            ORDERING_DELAY,
+            "restart with work in flight (slowed by the delay knob where claimed); every old handle stale",
+            MISUSE_RULES - {"misuse"},
+        ),
         Check(
             "ordering",
             frozenset({Capability.L2, Capability.DELAY_KNOB}),
@@ -99,6 +119,7 @@ CHECKS: dict[str, Check] = {
             False,
             ORDERING_DELAY,
             "O1-O3 with slow transfers (delay knob): compute and reuse wait for transfers",
+            MISUSE_RULES,
         ),
     )
 }
@@ -208,6 +229,35 @@ class RuntimeConformance(RuleBasedStateMachine):
         generation, record = live[i % len(live)]
         ref = CacheExtentRef(self.info.runtime_id, self.model.state.epoch, generation, pageruns.coalesce(record.pages))
         return self.renaming.runtime_ref(ref), list(record.pages)
+
+    def _evicted_extent(self, i: int) -> tuple[CacheExtentRef, list[int]]:
+        """The i-th (modulo) live extent with a page off the device (evicted to the host), else the i-th live one."""
+        live = sorted(self.model.state.extents)
+        evicted = [n for n, g in enumerate(live) if any(Tier.L1 not in self.model.state.pages[p].copies for p in self.model.state.extents[g].pages)]
+        return self._live_extent(evicted[i % len(evicted)] if evicted else i)
+
+    def _free_slot(self, i: int) -> RequestRuntimeHandle | None:
+        """A new request; when every slot is live, the i-th live request finishes first (its row freed)."""
+        if all(slot.live for slot in self.model.state.slots):
+            self._call("close_request", self._live_request(i))
+        return self._call("open_request")
+
+    def _model_ref(self, generation: int) -> CacheExtentRef:
+        """The model's ref of its live extent `generation`."""
+        record = self.model.state.extents[generation]
+        return CacheExtentRef(self.info.runtime_id, self.model.state.epoch, generation, pageruns.coalesce(record.pages))
+
+    def _live(self, extent: CacheExtentRef) -> bool:
+        """Whether the runtime's ref `extent` stands for an extent live in the model."""
+        return self.renaming.model_args(extent).generation in self.model.state.extents
+
+    def _live_request(self, i: int) -> RequestRuntimeHandle | None:
+        """The i-th (modulo) request live in the model, or a new one (None when no slot is free)."""
+        live = [n for n, slot in enumerate(self.model.state.slots) if slot.live]
+        if not live:
+            return self._call("open_request")
+        slot = live[i % len(live)]
+        return RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot, self.model.state.slots[slot].generation)
 
     def _judge(self, operation: str, before: AbstractState | None, value: object = None) -> None:
         """After a successful call: B2 on the value, then (INTROSPECTION) invariants and the model match."""
@@ -399,7 +449,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         expected = self.model.info()
         if _fixed_info(info) != _fixed_info(expected):
             raise ConformanceFailure(("contract:info",), f"a fresh runtime's info() is {info!r}; expected epoch 0", "info", "returns another value")
-        if self.check.delay:  # backups slower than restores: a missing backup->restore wait shows
+        if self.check.delay and self._claims(Capability.DELAY_KNOB):  # backups slower than restores: a missing backup->restore wait shows
             self.runtime.set_transfer_delay(self.check.delay, TransferKind.RESTORE)
             self.runtime.set_transfer_delay(3 * self.check.delay, TransferKind.BACKUP)
         self.issued: list[RequestRuntimeHandle] = []
@@ -532,16 +582,26 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             return multiple() if done is None else multiple(*done.published)
 
         @precondition(lambda self: self.model.state.extents)
-        @rule(i=st.integers(0, 7), n=st.integers(1, ps))
-        def reuse_prefix(self, i, n):
-            """A new request hits the i-th live extent: open, attach it (restoring what is not on device), compute."""
-            extent, pages = self._live_extent(i)
+        @rule(i=st.integers(0, 7), n=st.integers(1, ps), race=st.sampled_from(["none", "drop", "drop_then_backup", "demote"]))
+        def reuse_prefix(self, i, n, race="none"):
+            """A new request hits the i-th live extent: open, attach it (restoring what is not on device), compute.
+            With a `race` (tiers), before the batch runs the tree evicts the extent, or, while the restore
+            may still run, drops the host copy it reads, and then backs up another extent, which may take
+            the host page the restore still reads."""
+            extent, pages = self._evicted_extent(i) if tiers and race != "none" else self._live_extent(i)
             request = self._call("open_request")
             if request is None:
                 return
             missing = any(Tier.L1 not in self.model.state.pages[p].copies for p in pages)
             intents = (Restore(extent),) if missing and tiers else ()
             handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n)), (extent,)),), intents))
+            if tiers and race == "demote":  # the attaching batch has not run: its row maps the pages (ExtentInUse)
+                self._call("submit", (Backup(extent), Demote(extent)))
+            elif tiers and race != "none" and handle is not None:
+                self._call("submit", (Drop(extent),))
+                others = [ref for ref in map(lambda k: self._live_extent(k)[0], range(len(self.model.state.extents))) if ref != extent]
+                if race == "drop_then_backup" and others:
+                    self._call("submit", (Backup(others[i % len(others)]),))
             if handle is not None:
                 self._call("execute_batch", handle)
 
@@ -564,6 +624,80 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             live = [n for n, slot in enumerate(self.model.state.slots) if slot.live]
             slot = live[i % len(live)]
             self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot, self.model.state.slots[slot].generation))
+
+        @rule(
+            i=st.integers(0, 7),
+            n=st.integers(1, 2 * ps + 1),
+            how=st.sampled_from(["cancel_then_append", "publish_reserved", "close_older", "cancel_earlier", "execute_then_cancel"]),
+        )
+        def pipeline(self, i, n, how):
+            """Two-phase scheduling on the i-th live request: batch N is prepared, then, before or after it
+            runs, what a scheduler may do next: cancel it and decode anyway (RequestBusy: a cancelled
+            batch produced nothing), insert pages only reserved (InvalidPageRun), close a request of an
+            older batch while a newer one holds another (RequestBusy), cancel N under a prepared N+1
+            (BatchDependency), or cancel N after it ran (AlreadyExecuted)."""
+            request = self._free_slot(i) if how == "cancel_then_append" else self._live_request(i)
+            if request is None:
+                return
+            first = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n))),)))
+            if first is None:
+                return
+            slot = self.model.state.slots[request.slot_id]
+            if how == "cancel_then_append":  # and the cancelled batch is neither cancelled nor run again (NotPrepared)
+                self._call("cancel_batch", first)
+                self._call("prepare_batch", BatchPlan((BatchItem(request, (), append_previous_output=True),)))
+                self._call("cancel_batch", first)
+                self._call("execute_batch", first)
+            elif how == "publish_reserved":
+                self._call("publish", request, 0, max(1, slot.reserved_tokens // ps))
+                self._call("execute_batch", first)
+            elif how == "close_older":
+                other = self._live_request(i + 1)
+                if other == request:
+                    other = self._call("open_request")
+                newer = None if other is None else self._call("prepare_batch", BatchPlan((BatchItem(other, (1,)),)))
+                self._call("close_request", request)
+                self._call("execute_batch", first)
+                if newer is not None:
+                    self._call("execute_batch", newer)
+            elif how == "cancel_earlier":
+                self._call("prepare_batch", BatchPlan((BatchItem(request, (), append_previous_output=True),)))
+                self._call("cancel_batch", first)
+            else:
+                self._call("execute_batch", first)
+                self._call("cancel_batch", first)
+
+        @precondition(lambda self: any(slot.live for slot in self.model.state.slots))
+        @rule(target=extents, i=st.integers(0, 7), pages=st.integers(3, 5), at=st.integers(1, 4))
+        def insert_long_prefix(self, i, pages, at):
+            """A long prompt: the i-th live request computes `pages` full pages at once, the tree inserts
+            them and splits the node where a later request diverges (an extent of 3+ pages cut anywhere)."""
+            request = self._live_request(i)
+            slot = self.model.state.slots[request.slot_id]
+            tokens = pages * ps - slot.reserved_tokens % ps
+            handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(tokens))),)))
+            if handle is None or self._call("execute_batch", handle) is None:
+                return multiple()
+            full = self.model.state.slots[request.slot_id].num_tokens // ps
+            extent = self._call("publish", request, full - pages, pages)
+            if extent is None:
+                return multiple()
+            halves = self._call("split", extent, min(at, pages - 1))
+            return multiple() if halves is None else multiple(*halves)
+
+        @precondition(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), how=st.sampled_from(["repeated", "rearranged"]), operation=st.sampled_from(["retain", "release", "split"]))
+        def use_reordered_runs(self, i, how, operation):
+            """A ref with a live extent's own page names, its runs repeated or in another order: never issued
+            (UnknownHandle), however alike as a set."""
+            extent, _ = self._live_extent(i)
+            names = pageruns.expand(extent.page_runs)
+            if how == "rearranged" and len(names) > 1:
+                runs = pageruns.coalesce(names[1:] + names[:1])
+            else:
+                runs = extent.page_runs + extent.page_runs
+            forged = attrs.evolve(extent, page_runs=runs)
+            self._call(operation, *((forged, 1) if operation == "split" else (forged,)))
 
         # -- extents --
 
@@ -619,9 +753,65 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             }[forgery]
             self._call("release", forged)
 
-        @rule(forgery=st.sampled_from(["request", "extent", "batch", "empty_plan", "open_when_full", "beyond_free_pages"]))
-        def misuse(self, forgery):
-            if forgery == "beyond_free_pages":  # scenario 6: one page more than is free, when some are
+        @rule(
+            forgery=st.sampled_from(
+                [
+                    "request",
+                    "extent",
+                    "batch",
+                    "empty_plan",
+                    "open_when_full",
+                    "beyond_free_pages",
+                    "empty_item",
+                    "past_row_end",
+                    "duplicate_and_unknown_intent",
+                    "foreign_after_genuine",
+                    "publish_partial_page",
+                    "split_unknown",
+                    "foreign_close",
+                    "cancel_unprepared",
+                ]
+            ),
+            i=st.integers(0, 7),
+        )
+        def misuse(self, forgery, i=0):
+            """One wrong call; the later forgeries put two faults in one call (which is raised is fixed: §3)
+            or a plain plan's error where a fast path may skip a check."""
+            if forgery in ("empty_item", "past_row_end", "duplicate_and_unknown_intent", "foreign_after_genuine", "publish_partial_page"):
+                request = self._live_request(i)
+                if request is None:
+                    return
+                slot = self.model.state.slots[request.slot_id]
+                if forgery == "empty_item":  # an item with nothing to compute beside a plain one: InvalidPlan
+                    other = self._live_request(i + 1)
+                    if other == request:
+                        other = self._call("open_request")
+                    if other is not None:
+                        self._call("prepare_batch", BatchPlan((BatchItem(request, (1, 2)), BatchItem(other, ()))))
+                elif forgery == "past_row_end":  # a plain prefill one token past max_request_tokens: RowFull
+                    tokens = self.info.max_request_tokens - slot.reserved_tokens + 1
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(tokens))),)))
+                elif forgery == "duplicate_and_unknown_intent":  # the intent's handle is checked first: UnknownHandle
+                    forged = CacheExtentRef(rid, self.model.state.epoch, 10**6, (PageRun(0, 1),))
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)), BatchItem(request, (2,))), (Release(forged),)))
+                elif forgery == "foreign_after_genuine":  # the second item's handle is another runtime's: ForeignRuntime
+                    foreign = attrs.evolve(request, runtime_id=rid + "-other", slot_id=(request.slot_id + 1) % info.max_requests)
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)), BatchItem(foreign, (2,)))))
+                else:  # the row's partly written last page (one token computed into it first): InvalidPageRun
+                    if slot.num_tokens % ps == 0 and slot.num_tokens == slot.reserved_tokens:
+                        handle = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),)))
+                        if handle is not None:
+                            self._call("execute_batch", handle)
+                    self._call("publish", request, self.model.state.slots[request.slot_id].num_tokens // ps, 1)
+            elif forgery == "foreign_close":
+                request = self._live_request(i)
+                if request is not None:
+                    self._call("close_request", attrs.evolve(request, runtime_id=rid + "-other"))
+            elif forgery == "cancel_unprepared":
+                self._call("cancel_batch", PreparedBatchHandle(rid, self.model.state.epoch, 10**6))
+            elif forgery == "split_unknown":
+                self._call("split", CacheExtentRef(rid, self.model.state.epoch, 10**6, (PageRun(0, 2),)), 1)
+            elif forgery == "beyond_free_pages":  # scenario 6: one page more than is free, when some are
                 if not any(slot.live for slot in self.model.state.slots) and self._call("open_request") is None:
                     return
                 slots = self.model.state.slots
@@ -674,11 +864,18 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         Machine.move_extent = move_extent
 
         @precondition(lambda self: self.model.state.extents)
-        @rule(i=st.integers(0, 7), n=st.integers(1, ps), poll=st.booleans())
-        def evict_then_hit(self, i, n, poll):
+        @rule(i=st.integers(0, 7), n=st.integers(1, ps), poll=st.booleans(), drop=st.booleans())
+        def evict_then_hit(self, i, n, poll, drop=False):
             """Scenario 1: the rows reading the i-th live extent finish, the tree evicts it to L2 (backup,
-            demote), and a new request hits it while the backup may still be in flight (restore, compute)."""
-            extent, extent_pages = self._live_extent(i)
+            demote), and a new request hits it while the backup may still be in flight (restore, compute).
+            Extents of several pages not yet on the host go first: their restore waits on the backup."""
+            pages_ = self.model.state.pages
+            wide = [
+                n
+                for n, (_, record) in enumerate(sorted(self.model.state.extents.items()))
+                if len(record.pages) > 1 and any(Tier.L2 not in pages_[p].copies for p in record.pages)
+            ]
+            extent, extent_pages = self._live_extent(wide[i % len(wide)] if wide else i)
             pages = set(extent_pages)
             for slot_id, slot in enumerate(self.model.state.slots):
                 if slot.live and pages & set(slot.pages):
@@ -690,20 +887,170 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             if request is not None:
                 plan = BatchPlan((BatchItem(request, tuple(range(n)), (extent,)),), (Restore(extent),))
                 handle = self._call("prepare_batch", plan)
+                if drop:  # the host copy is dropped while the restore may still read it
+                    self._call("submit", (Drop(extent),))
                 if handle is not None:
                     self._call("execute_batch", handle)
 
         Machine.evict_then_hit = evict_then_hit
 
+        @precondition(lambda self: self.model.state.extents)
+        @rule(demote=st.booleans())
+        def evict_all(self, demote):
+            """Memory pressure: the tree backs up every live extent (and, with `demote`, evicts them to the
+            host once no row reads them), so host pages fill up and are freed and reused out of order."""
+            for n in range(len(self.model.state.extents)):
+                extent, pages = self._live_extent(n)
+                if demote:  # the rows reading it finish first, as in scenario 1
+                    for slot_id, slot in enumerate(self.model.state.slots):
+                        if slot.live and set(pages) & set(slot.pages):
+                            self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation))
+                self._call("submit", (Backup(extent), Demote(extent)) if demote else (Backup(extent),))
+
+        Machine.evict_all = evict_all
+
+        @rule(
+            keep_free=st.integers(1, 3),
+            pages=st.integers(3, 5),
+            then=st.sampled_from(["extend_and_backup", "hit_without_restore", "hit_short_of_pages", "backup_when_full", "cycle_host"]),
+        )
+        def fill_host(self, keep_free, pages, then):
+            """A burst of long prompts, each inserted into the tree and evicted to the host once it finishes,
+            until at most `keep_free` host pages (or no device page) are left; then the hard cases of a
+            nearly full host: a hit extended by new pages and backed up (only the new pages need host
+            pages), a hit attached without its Restore (NotResident), a hit whose restore and prefill need
+            a device page more than is free (OutOfPages), a backup with no host page left, or the tree
+            evicting everything newest first and refilling, so that a restore reads host pages out of order."""
+            last = None
+            for _ in range(8):
+                size = min(pages, len(self.model.state.pools[Tier.L2].free) - keep_free, len(self.model.state.pools[Tier.L1].free))
+                request = self._free_slot(0) if size >= 1 else None
+                if request is None:
+                    break
+                handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(size * ps))),)))
+                if handle is None or self._call("execute_batch", handle) is None:
+                    break
+                extent = self._call("publish", request, 0, size)
+                self._call("close_request", request)
+                if extent is None or self._call("submit", (Backup(extent), Demote(extent))) is None:
+                    break
+                self._completions("poll_completions")  # the scheduler's next step: device pages of finished backups come free
+                last = extent
+            if last is None or not self._live(last):
+                return
+            if then == "cycle_host":
+                for generation in sorted(self.model.state.extents, reverse=True):
+                    self._call("release", self.renaming.runtime_ref(self._model_ref(generation)))
+                request = self._free_slot(0)
+                handle = None if request is None else self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(pages * ps))),)))
+                if handle is None or self._call("execute_batch", handle) is None:
+                    return
+                last = self._call("publish", request, 0, pages)
+                self._call("close_request", request)
+                if last is None or self._call("submit", (Backup(last), Demote(last))) is None:
+                    return
+                then = "extend_and_backup"
+            if then == "backup_when_full":
+                for n in range(len(self.model.state.extents)):
+                    self._call("submit", (Backup(self._live_extent(n)[0]),))
+                return
+            request = self._free_slot(1)
+            if request is None:
+                return
+            if then == "hit_without_restore":
+                self._call("prepare_batch", BatchPlan((BatchItem(request, (1,), (last,)),)))
+                return
+            if then == "hit_short_of_pages":
+                free = len(self.model.state.pools[Tier.L1].free) - last.page_count
+                if free >= 0 and (free + 1) * ps <= self.info.max_request_tokens - last.page_count * ps:
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range((free + 1) * ps)), (last,)),), (Restore(last),)))
+                return
+            handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(ps)), (last,)),), (Restore(last),)))
+            if handle is None or self._call("execute_batch", handle) is None:
+                return
+            extended = self._call("publish", request, 0, last.page_count + 1)
+            if extended is not None:
+                self._call("submit", (Backup(extended),))
+
+        Machine.fill_host = fill_host
+
+        @precondition(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), how=st.sampled_from(["short_of_pages", "no_restore", "drop_only_copy", "demote_attached"]))
+        def hit_under_pressure(self, i, how):
+            """A hit on the i-th live extent when it goes wrong: its restore and a plain prefill in one plan
+            need one device page more than is free (OutOfPages, nothing started), it is attached without
+            its Restore while only on the host (NotResident), its only copy, on the host, is dropped
+            (WouldLoseData), or it is evicted while a prepared batch has attached it (ExtentInUse)."""
+            extent, pages = self._live_extent(i) if how == "demote_attached" else self._evicted_extent(i)
+            if how == "drop_only_copy":
+                self._call("submit", (Drop(extent),))
+                return
+            request = self._live_request(i)
+            if request is None:
+                return
+            if how == "demote_attached":
+                fresh = self._free_slot(i)
+                if fresh is None:
+                    return
+                handle = self._call("prepare_batch", BatchPlan((BatchItem(fresh, (1,), (extent,)),), (Restore(extent),)))
+                self._call("submit", (Backup(extent), Demote(extent)))
+                if handle is not None:
+                    self._call("execute_batch", handle)
+                return
+            if how == "no_restore":
+                fresh = self._free_slot(i)
+                if fresh is not None:
+                    self._call("prepare_batch", BatchPlan((BatchItem(fresh, (1,), (extent,)),)))
+                return
+            request = self._live_request(i)  # the row of the request above may have been freed
+            if request is None:
+                return
+            missing = [p for p in pages if Tier.L1 not in self.model.state.pages[p].copies]
+            slot = self.model.state.slots[request.slot_id]
+            free = len(self.model.state.pools[Tier.L1].free)
+            new_pages = max(1, free - len(missing) + 1)
+            tokens = new_pages * ps - (-slot.reserved_tokens % ps)
+            if tokens >= 1 and slot.reserved_tokens + tokens <= self.info.max_request_tokens:
+                self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(tokens))),), (Restore(extent),)))
+
+        Machine.hit_under_pressure = hit_under_pressure
+
+        @precondition(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), forgery=st.sampled_from(["unissued", "released"]))
+        def submit_two_faults(self, i, forgery):
+            """One submit whose first move fails its own precondition and whose second has a bad handle:
+            every handle is checked before any move (§4.11), so the handle's error is the one raised."""
+            extent, pages = self._live_extent(i)
+            copies = [self.model.state.pages[p].copies for p in pages]
+            first = Demote(extent) if any(Tier.L2 not in c for c in copies) else Drop(extent) if any(Tier.L1 not in c for c in copies) else Restore(extent)
+            bad = attrs.evolve(extent, generation=10**6) if forgery == "unissued" else extent
+            if forgery == "released":  # a ref released to zero, kept by a careless tree
+                halves = self._call("split", extent, 1) if extent.page_count > 1 else None
+                if halves is None:
+                    return
+                first, bad = attrs.evolve(first, extent=halves[0]), extent
+            self._call("submit", (first, Backup(bad)))
+
+        Machine.submit_two_faults = submit_two_faults
+
     if the_check.restart and Capability.RESTART in info.capabilities:
 
         @precondition(lambda self: self.model.state.calls["execute_batch"])
-        @rule()
-        def restart(self):
+        @rule(backup=st.booleans(), i=st.integers(0, 7))
+        def restart(self, backup=False, i=0):
+            """Restart; with `backup`, right after the tree evicted the i-th live extent (backup, demote) and a new
+            request hit it (restore): work in flight, which the restart must drain."""
+            if backup and tiers and self.model.state.extents:
+                extent, _ = self._live_extent(i)
+                self._call("submit", (Backup(extent), Demote(extent)))
+                self._call("submit", (Restore(extent),))
             self._call("restart")
 
         Machine.restart = restart
 
+    for name in the_check.leaves_out:
+        if hasattr(Machine, name):
+            delattr(Machine, name)
     Machine.__name__ = Machine.__qualname__ = "RuntimeConformance"
     Machine.target, Machine.check = target, the_check
     return Machine

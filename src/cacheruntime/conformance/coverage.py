@@ -60,8 +60,6 @@ def _checks(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
-TIERED = _checks("tiers", "ordering")
-
 #: Every named situation, in the order the tables print them. Floors are cases per check in
 #: the CI profile (60 cases of up to 50 steps); a floor above 1 asks for a situation that is
 #: reached repeatedly, not once by luck.
@@ -70,7 +68,7 @@ SITUATIONS: tuple[Situation, ...] = (
     Situation("restart with a transfer in flight", "restart while the model has a transfer in flight", _checks("restart"), 3),
     Situation("restart with a completion unreported", "restart while a completed transfer is not yet reported", _checks("restart"), 3),
     Situation("OutOfPages from a plan with a Restore", "prepare_batch of a plan carrying a Restore raises OutOfPages", _checks("tiers"), 2),
-    Situation("half the host pages in use", "at least half the host (L2) pages are taken after a call", TIERED, 3),
+    Situation("half the host pages in use", "at least half the host (L2) pages are taken after a call", _checks("tiers"), 3),
     Situation("split of an extent of 3+ pages", "a split that succeeds on an extent of at least 3 pages", _checks("core", "tiers"), 3),
     Situation("Drop while a Restore from that copy is pending", "a Drop of an extent whose host copy an in-flight restore reads", _checks("ordering"), 2),
     Situation("handle 2+ generations stale", "a request handle whose slot moved on by at least 2 generations", _checks("core"), 3),

@@ -10,13 +10,6 @@ LOCAL = "cacheruntime.runtime.factories:conformance"
 MUTANT = "cacheruntime.conformance.mutants:build"
 
 
-def test_local_runtime_conforms_in_ci_profile(tmp_path, capsys):
-    assert main(["conformance", "--runtime", LOCAL, "--junitxml", str(tmp_path / "j.xml")]) == 0
-    out = capsys.readouterr().out
-    assert "OK: 0 new violation(s)" in out
-    assert 'failures="0"' in (tmp_path / "j.xml").read_text()
-
-
 def test_failure_prints_a_runnable_reproduction_and_exits_1(tmp_path, capsys):
     argv = ["conformance", "--runtime", MUTANT, "--option", "name=local.no_generation_bump_on_close", "--check", "core", "--no-shrink"]
     assert main(argv) == 1

@@ -689,6 +689,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             if extent is None:
                 return multiple()
             halves = self._call("split", extent, min(at, pages - 1))
+            if halves is not None:  # a late split of the pre-split ref, as another tree path still holds it: StaleHandle
+                self._call("split", extent, 1)
             return multiple() if halves is None else multiple(*halves)
 
         @precondition(lambda self: self.model.state.extents)

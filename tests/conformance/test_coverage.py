@@ -1,0 +1,52 @@
+"""Reach, measured: the CI profile drives the landed runtime into every named situation, at its floor.
+
+The full run here is the CI's one conformance run of `LocalGPURuntime` (it also asserts the
+verdict and the JUnit report), with `--coverage`: the command exits 1 when a situation a
+check must reach stays below its floor in that check, and prints which.
+"""
+
+from cacheruntime.cli import main
+from cacheruntime.conformance import coverage
+from cacheruntime.conformance.statemachine import CHECKS, machine_for
+
+LOCAL = "cacheruntime.runtime.factories:conformance"
+
+
+def test_local_runtime_conforms_and_reaches_every_floor(tmp_path, capsys):
+    status = main(["conformance", "--runtime", LOCAL, "--coverage", "--junitxml", str(tmp_path / "j.xml")])
+    out = capsys.readouterr().out
+    assert "OK: 0 new violation(s)" in out, out
+    assert 'failures="0"' in (tmp_path / "j.xml").read_text()
+    assert "BELOW FLOOR" not in out, "\n".join(line for line in out.splitlines() if line.startswith("BELOW FLOOR"))
+    assert status == 0
+    for situation in coverage.SITUATIONS:  # the table names every situation
+        assert situation.name in out
+
+
+def test_every_situation_names_checks_that_exist():
+    assert len(coverage.BY_NAME) == len(coverage.SITUATIONS)
+    for situation in coverage.SITUATIONS:
+        assert situation.checks and situation.checks <= set(CHECKS), situation
+        assert situation.floor >= 1
+
+
+def test_situations_are_counted_per_case_from_the_model():
+    """Guided steps that fill the host reach the situations they are built for, counted once per case."""
+    machine = machine_for(LOCAL, check="tiers")
+    with coverage.recording() as reach:
+        for then in ("extend_and_backup", "cycle_host"):  # two cases
+            state = machine()
+            state.start()
+            state.fill_host(keep_free=2, pages=4, then=then)
+            state.teardown()
+    tally = reach["tiers"]
+    assert tally.cases["half the host pages in use"] == 2 < tally.calls["half the host pages in use"]
+    assert tally.cases["Backup of a partly backed-up extent, host short of its pages"] == 1
+    assert tally.cases["restore from host pages out of order"] == 1
+    assert "core" not in reach
+
+
+def test_shortfalls_name_the_situation_and_its_count():
+    tally, floor = coverage.Tally(), coverage.BY_NAME["restart with a transfer in flight"].floor
+    assert f"restart with a transfer in flight: 0 case(s), floor {floor}" in tally.shortfalls("restart")
+    assert tally.shortfalls("nothing-like-a-check") == []

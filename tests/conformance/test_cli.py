@@ -6,7 +6,6 @@ import sys
 
 from cacheruntime.cli import main
 
-LOCAL = "cacheruntime.runtime.factories:conformance"
 MUTANT = "cacheruntime.conformance.mutants:build"
 
 

@@ -21,6 +21,8 @@ suite's rules. `SURVIVORS` lists those the CI profile does not kill, with the re
 far as the spec tells: they are the suite's blind spots, and
 `tests/conformance/test_conformance_mutants.py` asserts that they still survive, so an
 improvement of the suite that kills one fails that test until its entry is removed.
+`EQUIVALENT` lists those no run of the conformance configuration can tell from the
+landed runtime, with why.
 """
 
 from __future__ import annotations
@@ -1075,75 +1077,17 @@ MUTANTS: dict[str, type[_Mutant]] = {
 
 #: Mutants the CI profile does not kill: name -> why, as far as the spec tells (the suite's
 #: rules were not read). They stay in MUTANTS; the mutant test asserts that they survive, so
-#: the entry goes when the suite learns to kill one.
-SURVIVORS: dict[str, str] = {
-    "cancel_keeps_output": "killed by the equality-based suite, missed since the suite compares up to renaming (2026-12-01): the probe fields it changed are now compared only where the contract fixes them; to be looked at (issue 14, item 4)",
-    "cancel_keeps_whole_pages_only": "killed by the equality-based suite, missed since the suite compares up to renaming (2026-12-01): the probe fields it changed are now compared only where the contract fixes them; to be looked at (issue 14, item 4)",
-    "empty_item_on_fast_path": "killed by the equality-based suite, missed since the suite compares up to renaming (2026-12-01): the probe fields it changed are now compared only where the contract fixes them; to be looked at (issue 14, item 4)",
-    "publish_reserved_pages": "killed by the equality-based suite, missed since the suite compares up to renaming (2026-12-01): the probe fields it changed are now compared only where the contract fixes them; to be looked at (issue 14, item 4)",
-    "busy_newest_batch_only": (
-        "needs a close (or Close intent) of a request that is in an older prepared batch while a newer prepared batch "
-        "does not hold it; the CI profile's RequestBusy cases seem always to involve the newest prepared batch"
-    ),
-    "duplicate_before_intent_handles": (
-        "only the order of two errors differs: it needs one plan with a duplicate request and also a stale or unknown "
-        "intent handle; the suite seems to put one fault per plan"
-    ),
-    "resident_in_either_tier": (
-        "needs a plan attaching an extent with a page that is only on the host (demoted) and no Restore of it in the "
-        "plan: NotResident is never expected there; a demoted extent seems to be attached only with its Restore"
-    ),
-    "fast_path_skips_row_full": (
-        "needs a plan of plain items (no attach, no append) that would grow a row past max_request_tokens (32); the "
-        "mutant then answers OutOfPages (12 device pages) instead of RowFull. RowFull seems to be drawn only through "
-        "attach or append plans, which take the general route"
-    ),
-    "fast_path_forgets_restore_pages": (
-        "needs OutOfPages(L1) from a plan of plain items that carries a Restore whose pages do not fit (the mutant "
-        "then crashes allocating); issue 14 measured no out-of-pages from a plan with a Restore in the CI profile"
-    ),
-    "backup_counts_all_pages": (
-        "needs a Backup of an extent with some pages already on the host while fewer host pages are free than the "
-        "extent has pages; the CI profile keeps L2 nearly empty (issue 14: at most 3 of 24 host pages in use)"
-    ),
-    "demote_ignores_reserved_rows": (
-        "needs a Demote of an extent that a prepared, not yet executed batch attached (pages mapped, no token "
-        "computed); the suite's scenario-9 race seems to demote only after the attaching batch executed"
-    ),
-    "drop_refuses_pending_restore": (
-        "needs a Drop of an extent while a Restore of it is in flight (device copy filling); issue 14 lists this situation as never reached in the CI profile"
-    ),
-    "drop_frees_host_under_restore": (
-        "needs a Drop while a Restore still reads the host copy, then a reuse of that host page (a Backup) before the "
-        "H2D lands, under delay; the Drop-during-Restore situation is never reached (issue 14)"
-    ),
-    "publish_ceil_pages": (
-        "needs a publish whose range ends in the row's partly written last page (odd num_tokens, page_size 2); the "
-        "suite's InvalidPageRun cases seem to lie past the row's pages altogether"
-    ),
-    "runs_compared_as_set": (
-        "needs a ref carrying a real extent's page runs repeated or rearranged; issue 14: no repeated or rearranged "
-        "page runs of a real extent are drawn, and the forgeries drawn differ as sets too"
-    ),
-    "origin_cached_by_epoch": (
-        "needs a plan whose later item carries another runtime's handle of the current epoch after a genuine one; "
-        "the suite's foreign handle seems to come first or alone, where the origin check still runs"
-    ),
+#: the entry goes when the suite learns to kill one. The 20 listed until issue 14's item 4
+#: all die now: each needed a situation the suite never reached (coverage.SITUATIONS).
+SURVIVORS: dict[str, str] = {}
+
+#: Mutants that behave like the landed runtime in the conformance configuration, so no
+#: conformance run of that configuration can tell them apart: name -> why. They are not
+#: asserted to die or to survive; a check on another configuration would be needed.
+EQUIVALENT: dict[str, str] = {
     "nol2_before_extent_check": (
-        "NoL2 comes only from a runtime without L2, and every mutant runs in the conformance configuration (24 host "
-        "pages): the order cannot show there. Killing it needs a check on a configuration without L2"
-    ),
-    "submit_checks_handles_lazily": (
-        "only the order of two errors differs: it needs one submit with an intent failing its own precondition before "
-        "an intent with a bad handle; the suite seems to put one fault per submit"
-    ),
-    "restart_reports_drained": (
-        "needs a restart with a transfer in flight or a completion not yet reported, then a poll or wait in the new "
-        "epoch; issue 14 measured no restart with work in flight in the CI profile"
-    ),
-    "restore_host_pages_sorted": (
-        "needs a multi-page restore whose host pages are not ascending, which takes host pages freed and reused out "
-        "of order (many host pages in use); with L2 nearly empty they are always taken in ascending order"
+        "the order of NoL2 and the extent checks can show only on a runtime without L2, and every mutant is the conformance "
+        "configuration (24 host pages): it never raises NoL2, so its behaviour is the landed runtime's there"
     ),
 }
 
@@ -1179,4 +1123,24 @@ KILLED_BY: dict[str, str] = {
     "restart_resets_versions": "restart",
     "restart_keeps_live_generations": "restart",
     "kv_ready_first_restore_only": "ordering",
+    # killed since issue 14's item 4 (the suite reaches the situations they need)
+    "busy_newest_batch_only": "core",
+    "duplicate_before_intent_handles": "core",
+    "fast_path_skips_row_full": "core",
+    "publish_ceil_pages": "core",
+    "runs_compared_as_set": "core",
+    "origin_cached_by_epoch": "core",
+    "cancel_keeps_output": "core",
+    "cancel_keeps_whole_pages_only": "core",
+    "empty_item_on_fast_path": "core",
+    "publish_reserved_pages": "core",
+    "resident_in_either_tier": "tiers",
+    "fast_path_forgets_restore_pages": "tiers",
+    "backup_counts_all_pages": "tiers",
+    "demote_ignores_reserved_rows": "tiers",
+    "submit_checks_handles_lazily": "tiers",
+    "restore_host_pages_sorted": "tiers",
+    "drop_refuses_pending_restore": "ordering",
+    "drop_frees_host_under_restore": "ordering",
+    "restart_reports_drained": "restart",
 }

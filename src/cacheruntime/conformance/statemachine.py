@@ -104,6 +104,28 @@ MISUSE_RULES = frozenset({"close_forged_request", "release_forged_extent", "misu
 #: when it replays a case. The checks with a delay leave these to the tiers check.
 PRESSURE_RULES = frozenset({"fill_host", "hit_under_pressure", "evict_all", "insert_long_prefix"})
 
+#: The rules that draw from bundles (handles returned earlier): left out where a delay makes
+#: what a call returns depend on the clock, as a bundle's size then would (`machine_for`).
+TIMED_LEAVES_OUT = frozenset(
+    {
+        "close_request",
+        "prepare_batch",
+        "run_batch",
+        "prepare_batch_with_extents",
+        "execute_batch",
+        "cancel_batch",
+        "publish",
+        "split",
+        "retain",
+        "release",
+        "close_forged_request",
+        "release_forged_extent",
+        "use_forged_batch",
+        "submit_release",
+        "submit",
+    }
+)
+
 CHECKS: dict[str, Check] = {
     c.name: c
     for c in (
@@ -493,6 +515,15 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     requests = Bundle("requests")
     extents = Bundle("extents")
     batches = Bundle("batches")
+    # Under the delay knob, which calls succeed depends on which transfers completed in time
+    # (deferred frees decide OutOfPages), that is on the clock. Hypothesis must meet the same
+    # draws when it replays a case, so there no rule's validity may depend on the state: the
+    # rules drawing from bundles are left out (`TIMED_LEAVES_OUT`) and preconditions on the
+    # model's state hold always (the rules return early instead).
+    timed = bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities
+
+    def when(condition):
+        return precondition(lambda self: timed or condition(self))
 
     tokens = st.lists(st.integers(0, 99), max_size=2 * ps + 1).map(tuple)
     some_tokens = st.lists(st.integers(0, 99), min_size=1, max_size=2 * ps + 1).map(tuple)
@@ -517,9 +548,11 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         # -- requests --
 
-        @precondition(lambda self: not all(slot.live for slot in self.model.state.slots))
+        @when(lambda self: not all(slot.live for slot in self.model.state.slots))
         @rule(target=requests)
         def open_request(self):
+            if all(slot.live for slot in self.model.state.slots):
+                return multiple()
             handle = self._call("open_request")
             return multiple() if handle is None else handle
 
@@ -587,13 +620,15 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             done = None if handle is None else self._call("execute_batch", handle)
             return multiple() if done is None else multiple(*done.published)
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), n=st.integers(1, ps), race=st.sampled_from(["none", "drop", "drop_then_backup", "demote"]))
         def reuse_prefix(self, i, n, race="none"):
             """A new request hits the i-th live extent: open, attach it (restoring what is not on device), compute.
             With a `race` (tiers), before the batch runs the tree evicts the extent, or, while the restore
             may still run, drops the host copy it reads, and then backs up another extent, which may take
             the host page the restore still reads."""
+            if not self.model.state.extents:
+                return
             extent, pages = self._evicted_extent(i) if tiers and race != "none" else self._live_extent(i)
             request = self._call("open_request")
             if request is None:
@@ -611,11 +646,13 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             if handle is not None:
                 self._call("execute_batch", handle)
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), how=st.sampled_from(["release", "retain", "split"]))
         def tree_operation(self, i, how):
             """The tree releases, retains or splits the i-th live extent; after a split, a late
             release of the pre-split ref must be stale (scenario 10)."""
+            if not self.model.state.extents:
+                return
             extent, _ = self._live_extent(i)
             if how == "split":
                 if self._call("split", extent, max(1, extent.page_count // 2)) is not None:
@@ -623,11 +660,13 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             else:
                 self._call(how, extent)
 
-        @precondition(lambda self: any(slot.live for slot in self.model.state.slots))
+        @when(lambda self: any(slot.live for slot in self.model.state.slots))
         @rule(i=st.integers(0, 7))
         def finish_request(self, i):
             """The i-th live request finishes (its pages may still be backing up: scenario 3)."""
             live = [n for n, slot in enumerate(self.model.state.slots) if slot.live]
+            if not live:
+                return
             slot = live[i % len(live)]
             self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot, self.model.state.slots[slot].generation))
 
@@ -673,12 +712,14 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("execute_batch", first)
                 self._call("cancel_batch", first)
 
-        @precondition(lambda self: any(slot.live for slot in self.model.state.slots))
+        @when(lambda self: any(slot.live for slot in self.model.state.slots))
         @rule(target=extents, i=st.integers(0, 7), pages=st.integers(3, 5), at=st.integers(1, 4))
         def insert_long_prefix(self, i, pages, at):
             """A long prompt: the i-th live request computes `pages` full pages at once, the tree inserts
             them and splits the node where a later request diverges (an extent of 3+ pages cut anywhere)."""
             request = self._live_request(i)
+            if request is None:
+                return multiple()
             slot = self.model.state.slots[request.slot_id]
             tokens = pages * ps - slot.reserved_tokens % ps
             handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(tokens))),)))
@@ -693,11 +734,13 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("split", extent, 1)
             return multiple() if halves is None else multiple(*halves)
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), how=st.sampled_from(["repeated", "rearranged"]), operation=st.sampled_from(["retain", "release", "split"]))
         def use_reordered_runs(self, i, how, operation):
             """A ref with a live extent's own page names, its runs repeated or in another order: never issued
             (UnknownHandle), however alike as a set."""
+            if not self.model.state.extents:
+                return
             extent, _ = self._live_extent(i)
             names = pageruns.expand(extent.page_runs)
             if how == "rearranged" and len(names) > 1:
@@ -862,21 +905,25 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         Machine.submit = submit
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), moves=st.lists(st.sampled_from([Backup, Demote, Restore, Drop]), min_size=1, max_size=3))
         def move_extent(self, i, moves):
             """The tree moves the i-th live extent between tiers (backup then demote: eviction to L2)."""
+            if not self.model.state.extents:
+                return
             extent, _ = self._live_extent(i)
             self._call("submit", tuple(move(extent) for move in moves))
 
         Machine.move_extent = move_extent
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), n=st.integers(1, ps), poll=st.booleans(), drop=st.booleans())
         def evict_then_hit(self, i, n, poll, drop=False):
             """Scenario 1: the rows reading the i-th live extent finish, the tree evicts it to L2 (backup,
             demote), and a new request hits it while the backup may still be in flight (restore, compute).
             Extents of several pages not yet on the host go first: their restore waits on the backup."""
+            if not self.model.state.extents:
+                return
             pages_ = self.model.state.pages
             wide = [
                 n
@@ -904,20 +951,24 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         if the_check.delay:
 
-            @precondition(lambda self: self.model.state.extents)
+            @when(lambda self: self.model.state.extents)
             @rule(i=st.integers(0, 7), n=st.integers(1, ps), drop=st.booleans())
             def hit_while_backing_up(self, i, n, drop):
                 """Scenario 1 again, without a poll: with slow transfers the restore surely waits on the backup
                 (the checks with a delay draw it twice as often as the others)."""
+                if not self.model.state.extents:
+                    return
                 evict_then_hit(self, i, n, False, drop)
 
             Machine.hit_while_backing_up = hit_while_backing_up
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(demote=st.booleans())
         def evict_all(self, demote):
             """Memory pressure: the tree backs up every live extent (and, with `demote`, evicts them to the
             host once no row reads them), so host pages fill up and are freed and reused out of order."""
+            if not self.model.state.extents:
+                return
             for n in range(len(self.model.state.extents)):
                 extent, pages = self._live_extent(n)
                 if demote:  # the rows reading it finish first, as in scenario 1
@@ -993,13 +1044,15 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         Machine.fill_host = fill_host
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), how=st.sampled_from(["short_of_pages", "no_restore", "drop_only_copy", "demote_attached"]))
         def hit_under_pressure(self, i, how):
             """A hit on the i-th live extent when it goes wrong: its restore and a plain prefill in one plan
             need one device page more than is free (OutOfPages, nothing started), it is attached without
             its Restore while only on the host (NotResident), its only copy, on the host, is dropped
             (WouldLoseData), or it is evicted while a prepared batch has attached it (ExtentInUse)."""
+            if not self.model.state.extents:
+                return
             extent, pages = self._live_extent(i) if how == "demote_attached" else self._evicted_extent(i)
             if how == "drop_only_copy":
                 self._call("submit", (Drop(extent),))
@@ -1034,11 +1087,13 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         Machine.hit_under_pressure = hit_under_pressure
 
-        @precondition(lambda self: self.model.state.extents)
+        @when(lambda self: self.model.state.extents)
         @rule(i=st.integers(0, 7), forgery=st.sampled_from(["unissued", "released"]))
         def submit_two_faults(self, i, forgery):
             """One submit whose first move fails its own precondition and whose second has a bad handle:
             every handle is checked before any move (§4.11), so the handle's error is the one raised."""
+            if not self.model.state.extents:
+                return
             extent, pages = self._live_extent(i)
             copies = [self.model.state.pages[p].copies for p in pages]
             first = Demote(extent) if any(Tier.L2 not in c for c in copies) else Drop(extent) if any(Tier.L1 not in c for c in copies) else Restore(extent)
@@ -1054,12 +1109,14 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
     if the_check.restart and Capability.RESTART in info.capabilities:
 
-        @precondition(lambda self: self.model.state.calls["execute_batch"])
+        @when(lambda self: self.model.state.calls["execute_batch"])
         @rule(busy=st.booleans(), i=st.integers(0, 7))
         def restart(self, busy=False, i=0):
             """Restart; when `busy`, with work in flight: the tree evicted the i-th live extent (its rows
             finish, backup, demote) and a request hit it (its restore waits on the backup), and the
             restart comes before the batch runs: the restart must drain both."""
+            if not self.model.state.calls["execute_batch"]:
+                return
             if busy and tiers and self.model.state.extents:
                 extent, pages = self._live_extent(i)
                 for slot_id, slot in enumerate(self.model.state.slots):
@@ -1073,7 +1130,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         Machine.restart = restart
 
-    for name in the_check.leaves_out:
+    for name in the_check.leaves_out | (TIMED_LEAVES_OUT if timed else frozenset()):
         if hasattr(Machine, name):
             delattr(Machine, name)
     Machine.__name__ = Machine.__qualname__ = "RuntimeConformance"

@@ -77,6 +77,16 @@ class ConformanceFailure(AssertionError):
         super().__init__(f"[{', '.join(self.ids)}] {message}")
 
 
+def readable(calls: str, diff: str) -> str:
+    """The calls sent and the differing fields, under the headers every report prints them with."""
+    parts = []
+    if calls:
+        parts.append(f"# ---- boundary calls sent to the runtime, with what each returned or raised ----\n{calls}")
+    if diff:
+        parts.append(f"# ---- differing fields (runtime vs model) ----\n{diff}")
+    return "\n\n".join(parts)
+
+
 @attrs.frozen
 class FieldDifference:
     """One field where the runtime's value differs from the model's: its path and both sides, printed."""

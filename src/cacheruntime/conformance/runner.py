@@ -18,7 +18,7 @@ import attrs
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from cacheruntime.conformance.failure import ConformanceFailure, Signature
+from cacheruntime.conformance.failure import ConformanceFailure, Signature, readable
 from cacheruntime.conformance.statemachine import CHECKS, machine_for, reproduction
 from cacheruntime.conformance.target import Target
 from cacheruntime.protocol import Capability
@@ -134,11 +134,8 @@ def describe(violation: Violation, shrunk: bool = True) -> str:
     The reproduction comes last, under its header, so it can be cut out and run as it is.
     """
     how = "shrunk" if shrunk else "unshrunk"
-    parts = [f"signature: {violation.signature}\n{violation.message}"]
-    if violation.calls:
-        parts.append(f"# ---- boundary calls sent to the runtime, with what each returned or raised ----\n{violation.calls}")
-    if violation.diff:
-        parts.append(f"# ---- differing fields (runtime vs model) ----\n{violation.diff}")
+    shown = readable(violation.calls, violation.diff)
+    parts = [f"signature: {violation.signature}\n{violation.message}", *([shown] if shown else [])]
     parts.append(f"# ---- {how} reproduction ({violation.steps} calls) ----\n{violation.script}")
     return "\n\n".join(parts)
 

@@ -43,7 +43,15 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multi
 
 from cacheruntime import invariants, pageruns
 from cacheruntime.conformance import projection
-from cacheruntime.conformance.failure import ConformanceFailure, field_diff, format_diff, ids_for_error_mismatch, in_runtime_names, outcome_diff
+from cacheruntime.conformance.failure import (
+    ConformanceFailure,
+    field_diff,
+    format_diff,
+    ids_for_error_mismatch,
+    in_runtime_names,
+    outcome_diff,
+    readable,
+)
 from cacheruntime.conformance.renaming import Kind, Problem, Renaming
 from cacheruntime.conformance.target import Target, model_for
 from cacheruntime.protocol import (
@@ -207,6 +215,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         if str(failure.signature) not in self.set_aside:
             failure.calls = self._calls_sent()
             failure.diff = self._outcome_diff(operation) if diff is None else diff
+            failure.add_note(readable(failure.calls, failure.diff))  # shown where the failure is raised outside the runner: a replayed reproduction
             raise failure
 
     def _calls_sent(self) -> str:

@@ -157,13 +157,16 @@ def _stage_case(result: StageResult) -> ET.Element:
     return case
 
 
-def write_junit(results: list[StageResult], skipped: list[str], path: Path) -> None:
-    """One test suite: test cases per stage that ran (`_stage_cases`), and a skipped one per stage left out."""
-    cases = [case for result in results for case in _stage_cases(result)]
-    for name in skipped:
-        case = ET.Element("testcase", classname="cacheruntime.check", name=name, time="0.0")
-        ET.SubElement(case, "skipped", message="left out with --skip")
-        cases.append(case)
+def _skipped_case(name: str) -> ET.Element:
+    case = ET.Element("testcase", classname="cacheruntime.check", name=name, time="0.0")
+    ET.SubElement(case, "skipped", message="left out with --skip")
+    return case
+
+
+def write_junit(results: list[StageResult], path: Path) -> None:
+    """One test suite, in stage order: the test cases of each stage that ran (`_stage_cases`), a skipped one for each left out."""
+    ran = {result.stage.name: result for result in results}
+    cases = [case for name in STAGES for case in (_stage_cases(ran[name]) if name in ran else [_skipped_case(name)])]
     suite = ET.Element(
         "testsuite",
         name="cacheruntime-check",
@@ -217,8 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    left_out = [name for name in STAGES if name in set(args.skip or ())]
-    if "conformance" in left_out and (args.check or args.max_examples is not None or args.expected):
+    if "conformance" in (args.skip or ()) and (args.check or args.max_examples is not None or args.expected):
         print(
             "cacheruntime check: error: --check, --max-examples and --expected go to the conformance stage, which --skip conformance leaves out",
             file=sys.stderr,
@@ -235,13 +237,16 @@ def main(args: argparse.Namespace) -> int:
             return 2
         results = [run_stage(stage) for stage in selected]
         if args.junitxml:
-            write_junit(results, left_out, args.junitxml)
+            write_junit(results, args.junitxml)
     print()
     print(f"{'stage':<14} {'result':<6} {'seconds':>8}")
-    for result in results:
-        print(f"{result.stage.name:<14} {'pass' if result.passed else 'FAIL':<6} {result.seconds:>8.1f}")
-    for name in left_out:
-        print(f"{name:<14} {'skip':<6} {'-':>8}")
+    ran = {result.stage.name: result for result in results}
+    for name in STAGES:
+        result = ran.get(name)
+        if result is None:
+            print(f"{name:<14} {'skip':<6} {'-':>8}")
+        else:
+            print(f"{name:<14} {'pass' if result.passed else 'FAIL':<6} {result.seconds:>8.1f}")
     hints = shrink_hints(results)
     if hints:
         print("conformance failures were reported unshrunk; to shrink each locally:")

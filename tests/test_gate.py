@@ -18,14 +18,21 @@ def _check(*argv, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "cacheruntime.cli", "check", *argv], cwd=cwd, capture_output=True, text=True)
 
 
+def _cases(junit):
+    """(name, outcome) per test case of a JUnit file: outcome is failure, skipped or passed."""
+    suite = ET.parse(junit).getroot()
+    outcome = lambda case: next((tag for tag in ("failure", "skipped") if case.find(tag) is not None), "passed")  # noqa: E731
+    return suite, [(case.get("name"), outcome(case)) for case in suite.iter("testcase")]
+
+
 def test_gate_passes_and_writes_junit(tmp_path):
     junit = tmp_path / "gate.xml"
     proc = _check("--skip", "tlc", "--skip", "z3", "--skip", "conformance", "--junitxml", str(junit))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gate: passed" in proc.stdout
-    suite = ET.parse(junit).getroot()
-    assert suite.get("tests") == "1" and suite.get("failures") == "0"
-    assert [case.get("name") for case in suite.iter("testcase")] == ["traceability"]
+    suite, cases = _cases(junit)
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "0", "3")
+    assert cases == [("traceability", "passed"), ("tlc", "skipped"), ("z3", "skipped"), ("conformance", "skipped")]
 
 
 def test_gate_fails_when_a_stage_fails(tmp_path):
@@ -51,7 +58,7 @@ def test_gate_end_to_end_on_the_local_runtime(tmp_path):
     proc = _check("--junitxml", str(junit))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     names = [case.get("name") for case in ET.parse(junit).getroot().iter("testcase")]
-    assert names == ["traceability", "tlc", "z3", "conformance"]
+    assert names == ["traceability", "tlc", "z3", "core", "tiers", "restart", "ordering"]  # one per conformance check
     assert "gate: passed" in proc.stdout
 
 
@@ -69,10 +76,17 @@ def test_gate_runs_conformance_without_shrinking_unless_asked():
     assert "--no-shrink" not in conformance.argv
 
 
-def test_gate_prints_the_command_that_shrinks_a_failure():
-    proc = _check("--skip", "traceability", "--skip", "tlc", "--skip", "z3", "--runtime", MUTANT, "--option", "name=model.execute_twice")
+def test_gate_prints_the_command_that_shrinks_a_failure(tmp_path):
+    junit = tmp_path / "gate.xml"
+    only = ("--skip", "traceability", "--skip", "tlc", "--skip", "z3", "--check", "core")
+    proc = _check(*only, "--runtime", MUTANT, "--option", "name=model.execute_twice", "--junitxml", str(junit))
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "# ---- unshrunk reproduction" in proc.stdout and "# ---- shrunk reproduction" not in proc.stdout
+    assert "# ---- boundary calls sent to the runtime" in proc.stdout
+    suite, cases = _cases(junit)
+    assert cases == [("traceability", "skipped"), ("tlc", "skipped"), ("z3", "skipped"), ("core", "failure")]
+    (failure,) = suite.iter("failure")
+    assert failure.get("message").startswith("O4 execute_batch:") and "# ---- boundary calls sent" in failure.text
     summary = proc.stdout[proc.stdout.index("to shrink each locally:") :].splitlines()[1:]
     commands = [line.strip() for line in summary if line.startswith("  cacheruntime conformance")]
     assert f"cacheruntime conformance --runtime {MUTANT} --option name=model.execute_twice --profile ci --check core" in commands
@@ -81,3 +95,35 @@ def test_gate_prints_the_command_that_shrinks_a_failure():
     for command in commands:  # each reruns one check of the same runtime, shrinking
         args = parser.parse_args(shlex.split(command)[2:])
         assert args.runtime == MUTANT and args.option == ["name=model.execute_twice"] and not args.no_shrink and len(args.check) == 1
+
+
+def test_gate_passes_conformance_options_by_the_suites_names(tmp_path):
+    """`check` takes the suite's option names and runs just the checks named; its JUnit has one case per check."""
+    junit = tmp_path / "gate.xml"
+    expected = tmp_path / "expected.toml"
+    expected.write_text("")
+    only = ("--skip", "traceability", "--skip", "tlc", "--skip", "z3")
+    proc = _check(*only, "--check", "core", "--check", "tiers", "--max-examples", "2", "--profile", "ci", "--expected", str(expected), "--junitxml", str(junit))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("== conformance:")]
+    argv = shlex.split(line.partition(": ")[2])[2:]  # after `cacheruntime conformance`
+    parser = argparse.ArgumentParser()
+    conformance_cli.add_arguments(parser)
+    args = parser.parse_args(argv)  # what the stage ran parses as `cacheruntime conformance` options
+    assert (args.check, args.max_examples, args.profile, args.expected) == (["core", "tiers"], 2, "ci", str(expected))
+    _, cases = _cases(junit)
+    assert cases == [("traceability", "skipped"), ("tlc", "skipped"), ("z3", "skipped"), ("core", "passed"), ("tiers", "passed")]
+
+
+def test_bad_option_values_are_one_line_errors():
+    for argv, says in (
+        (("--profile", "fast"), "argument --profile: invalid choice: 'fast'"),
+        (("--max-examples", "0"), "argument --max-examples: 0 is not positive"),
+        (("--check", "everything"), "argument --check: unknown check 'everything': choose from core"),
+        (("--skip", "conformance", "--check", "core"), "--skip conformance leaves out"),
+        (("--expected", "no-such-file.toml"), "argument --expected: no file 'no-such-file.toml'"),
+    ):
+        proc = _check(*argv)
+        assert proc.returncode == 2 and proc.stdout == "", (argv, proc.stdout, proc.stderr)
+        (line,) = [line for line in proc.stderr.splitlines() if "Warning" not in line and "_conversion_method_template" not in line]
+        assert line.startswith("cacheruntime check: error: ") and says in line, (argv, proc.stderr)

@@ -5,7 +5,8 @@ module is imported only when its subcommand runs, so `cacheruntime tlc` needs no
 and `cacheruntime z3` needs no Java. A subcommand whose extra is not installed (torch,
 hypothesis, z3, ...: see cacheruntime.extras) says in one line which to install. A
 subcommand that sets the default `forward` takes the options it does not know as
-`args.forward` (`cacheruntime bench` hands them to the benchmark).
+`args.forward` (`cacheruntime bench` hands them to the benchmark). A bad option or value
+is one line on stderr (what was wrong, and where the options are listed) and exit code 2.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from typing import NoReturn
 
 from cacheruntime import extras
 
@@ -29,9 +31,16 @@ SUBCOMMANDS = {
 }
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A parser whose errors are one line, not argparse's usage block: a CI log shows them whole."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the module of `command` (if given) is imported to add its options."""
-    parser = argparse.ArgumentParser(prog="cacheruntime", description=__doc__.splitlines()[0])
+    parser = OneLineErrors(prog="cacheruntime", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)

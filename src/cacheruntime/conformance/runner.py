@@ -18,7 +18,7 @@ import attrs
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from cacheruntime.conformance.failure import ConformanceFailure, Signature
+from cacheruntime.conformance.failure import ConformanceFailure, Signature, readable
 from cacheruntime.conformance.statemachine import CHECKS, machine_for, reproduction
 from cacheruntime.conformance.target import Target
 from cacheruntime.protocol import Capability
@@ -39,12 +39,19 @@ MAX_VIOLATIONS = 32
 
 @attrs.frozen
 class Violation:
-    """One distinct violation a check found: its signature, message and runnable reproduction."""
+    """One distinct violation a check found: its signature, message, what was sent, and runnable reproduction.
+
+    `script` replays the failing case at the level of the suite's rules; `calls` are the
+    boundary calls those rules sent the runtime, with what each returned or raised, and
+    `diff` the fields where the runtime's value differed from the model's.
+    """
 
     signature: Signature
     message: str
     script: str  # runnable reproduction
     steps: int  # calls in the (shrunk, unless the run did not shrink) failing sequence
+    calls: str = ""  # the boundary calls sent, one a line (cacheruntime.recording.format_calls)
+    diff: str = ""  # the differing fields, runtime against model, one a line (failure.format_diff)
 
 
 @attrs.frozen
@@ -122,9 +129,15 @@ def run_check(target: Target, check: str, settings: Settings, keep_going: bool =
 
 
 def describe(violation: Violation, shrunk: bool = True) -> str:
-    """A violation as the command line and pytest print it: signature, message, reproduction."""
+    """A violation as the command line and pytest print it: signature, message, calls sent, diff, reproduction.
+
+    The reproduction comes last, under its header, so it can be cut out and run as it is.
+    """
     how = "shrunk" if shrunk else "unshrunk"
-    return f"signature: {violation.signature}\n{violation.message}\n\n# ---- {how} reproduction ({violation.steps} calls) ----\n{violation.script}"
+    shown = readable(violation.calls, violation.diff)
+    parts = [f"signature: {violation.signature}\n{violation.message}", *([shown] if shown else [])]
+    parts.append(f"# ---- {how} reproduction ({violation.steps} calls) ----\n{violation.script}")
+    return "\n\n".join(parts)
 
 
 def _run_once(target: Target, check: str, settings: Settings, set_aside: frozenset[str]) -> Violation | None:
@@ -137,5 +150,6 @@ def _run_once(target: Target, check: str, settings: Settings, set_aside: frozens
         failure = _conformance_failure(raised)
         steps = _steps(list(getattr(raised, "__notes__", [])))
         count = sum(1 for s in steps if "state." in s and not s.startswith("state = ") and s not in ("state.start()", "state.teardown()"))
-        return Violation(failure.signature, str(failure) + _flaky_note(raised), reproduction(target, check, steps, set_aside), count)
+        script = reproduction(target, check, steps, set_aside)
+        return Violation(failure.signature, str(failure) + _flaky_note(raised), script, count, failure.calls, failure.diff)
     return None

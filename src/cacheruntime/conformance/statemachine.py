@@ -21,12 +21,18 @@ physical page numbers are the runtime's own. B2 judges every value returned. Wit
 TAGGED_COMPUTE `next_token` and the copies' tags at written positions must equal the
 model's (D1).
 
+The runtime and the model are each wrapped in a `cacheruntime.recording.Recorder` on one
+clock, so a failure carries the boundary calls the runtime was actually sent and, where
+a call's outcome differed from the model's, a field-level diff of the two (in the
+runtime's names); a probe that differs carries the differing fields instead.
+
 `machine_for` builds the machine for one runtime factory and one check; a failure's
 notes are the shrunk call sequence, which `reproduction` turns into a runnable script.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import NoReturn
 
 import attrs
@@ -37,7 +43,15 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multi
 
 from cacheruntime import invariants, pageruns
 from cacheruntime.conformance import coverage, projection
-from cacheruntime.conformance.failure import ConformanceFailure, ids_for_error_mismatch
+from cacheruntime.conformance.failure import (
+    ConformanceFailure,
+    field_diff,
+    format_diff,
+    ids_for_error_mismatch,
+    in_runtime_names,
+    outcome_diff,
+    readable,
+)
 from cacheruntime.conformance.renaming import Kind, Problem, Renaming
 from cacheruntime.conformance.target import Target, model_for
 from cacheruntime.model.records import State
@@ -68,6 +82,10 @@ from cacheruntime.protocol import (
     TransferKind,
     UnknownHandle,
 )
+from cacheruntime.recording import Recorder, format_calls
+
+#: Boundary calls a failure prints at most (the latest; the reproduction replays them all).
+CALLS_SHOWN = 60
 
 #: Seconds per transfer asked of a runtime with DELAY_KNOB in the ordering check: long
 #: enough that a missing wait reads unfinished bytes, short enough for CI.
@@ -232,16 +250,49 @@ class RuntimeConformance(RuleBasedStateMachine):
             self.model.complete_transfer(ready[0])
             done.remove(ready[0])
 
-    def _fail(self, ids: tuple[str, ...], message: str, operation: str, kind: str) -> NoReturn:
+    def _fail(self, ids: tuple[str, ...], message: str, operation: str, kind: str, diff: str | None = None) -> NoReturn:
         """Raise the violation; if its signature is set aside, end the case instead (the two are apart)."""
-        self._fail_in_step(ids, message, operation, kind)
+        self._fail_in_step(ids, message, operation, kind, diff)
         reject()
 
-    def _fail_in_step(self, ids: tuple[str, ...], message: str, operation: str, kind: str) -> None:
-        """Raise the violation unless its signature is set aside (the two are still in step: go on)."""
+    def _fail_in_step(self, ids: tuple[str, ...], message: str, operation: str, kind: str, diff: str | None = None) -> None:
+        """Raise the violation unless its signature is set aside (the two are still in step: go on).
+
+        It carries the calls sent so far and `diff`; without one, the diff of the last
+        call's outcome against the model's, when the failure is about that call.
+        """
         failure = ConformanceFailure(ids, message, operation, kind)
         if str(failure.signature) not in self.set_aside:
+            failure.calls = self._calls_sent()
+            failure.diff = self._outcome_diff(operation) if diff is None else diff
+            failure.add_note(readable(failure.calls, failure.diff))  # shown where the failure is raised outside the runner: a replayed reproduction
             raise failure
+
+    def _calls_sent(self) -> str:
+        """The boundary calls the runtime was sent in this case, the last marked as where the failure showed."""
+        calls = self.runtime.calls if isinstance(self.runtime, Recorder) else ()
+        return format_calls(calls, last=CALLS_SHOWN, marker="<-- the failure shows here")
+
+    def _outcome_diff(self, operation: str) -> str:
+        """The differing fields of the runtime's and the model's outcome of the same last call of `operation`, if it was one.
+
+        The model's value is put in the runtime's names first, so renamed values do not
+        show. A poll is left out: which completions it reports is the runtime's choice, so
+        the model's poll is not what the runtime had to return (the message says what was).
+        """
+        if operation == "poll_completions" or not isinstance(self.runtime, Recorder) or not isinstance(self.model, Recorder):
+            return ""
+        if not self.runtime.calls or not self.model.calls:
+            return ""
+        mine, theirs = self.runtime.calls[-1], self.model.calls[-1]
+        if mine.operation != operation or theirs.operation != operation or abs(mine.index - theirs.index) != 1:
+            return ""  # not one call made on both side by side
+        comparable = _without_tokens if not self._claims(Capability.TAGGED_COMPUTE) else (lambda value: value)
+        mine = attrs.evolve(mine, value=comparable(mine.value))
+        theirs = attrs.evolve(theirs, value=comparable(in_runtime_names(self.renaming, theirs.value)))
+        if isinstance(mine.value, RuntimeInfo) and isinstance(theirs.value, RuntimeInfo):
+            mine, theirs = attrs.evolve(mine, value=_fixed_info(mine.value)), attrs.evolve(theirs, value=_fixed_info(theirs.value))
+        return format_diff(outcome_diff(mine, theirs))
 
     def _aside(self, operation: str, kind_ending: str) -> bool:
         """Whether a set-aside signature of `operation` has a kind ending in `kind_ending` (whatever its ids)."""
@@ -291,7 +342,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         """After a successful call: B2 on the value, then (INTROSPECTION) invariants and the model match."""
         bad = invariants.B2_plain_values(value, f"{operation}()")
         if bad:
-            self._fail(("B2",), "; ".join(bad), operation, "hands control a device object")
+            self._fail(("B2",), "; ".join(bad), operation, "hands control a device object", diff="")
         self._sync()
         after = self._probe()
         if after is None:
@@ -307,7 +358,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         violated = {k: v for k, v in found.items() if v}
         if violated:
             message = f"after {operation}: " + "; ".join(f"{k}: {v[0]}" for k, v in violated.items())
-            self._fail(tuple(violated), message, operation, f"breaks {', '.join(violated)}")
+            self._fail(tuple(violated), message, operation, f"breaks {', '.join(violated)}", diff="")
         self._match_model(operation, after)
 
     def _match_model(self, operation: str, state: AbstractState) -> None:
@@ -319,6 +370,7 @@ class RuntimeConformance(RuleBasedStateMachine):
                 f"after {operation}, probe() differs from the model in " + "; ".join(f"{d.field}: {d.detail}" for d in diff),
                 operation,
                 f"probe differs in {', '.join(dict.fromkeys(d.field for d in diff))}",
+                diff="\n".join(f"  probe {d.field}: {d.detail}" for d in diff),
             )
 
     def _call(self, operation: str, *args):
@@ -394,7 +446,7 @@ class RuntimeConformance(RuleBasedStateMachine):
             return
         changed = invariants.H1_failed_call_changes_nothing(projection.observable(before), projection.observable(after))
         if after.transfers == before.transfers and changed:
-            self._fail(("H1",), f"{operation} raised but changed the state: " + "; ".join(changed), operation, "changes state when it raises")
+            self._fail(("H1",), f"{operation} raised but changed the state: " + "; ".join(changed), operation, "changes state when it raises", diff="")
         self._sync()
         self._match_model(operation, self.runtime.probe())
 
@@ -467,16 +519,20 @@ class RuntimeConformance(RuleBasedStateMachine):
     # -- lifecycle ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self.runtime = self.target.new()
+        """A fresh runtime and model, each recorded, on one clock (so their calls pair up)."""
+        clock = itertools.count()
+        self.runtime = Recorder(self.target.new(), clock=clock)
         info = self.runtime.info()
         bad = invariants.B2_plain_values(info, "info()")
         if bad:
-            raise ConformanceFailure(("B2",), "; ".join(bad), "info", "hands control a device object")
+            raise ConformanceFailure(("B2",), "; ".join(bad), "info", "hands control a device object", calls=self._calls_sent())
         self.info = info
-        self.model = model_for(info)
+        self.model = Recorder(model_for(info), clock=clock)
         expected = self.model.info()
         if _fixed_info(info) != _fixed_info(expected):
-            raise ConformanceFailure(("contract:info",), f"a fresh runtime's info() is {info!r}; expected epoch 0", "info", "returns another value")
+            message = f"a fresh runtime's info() is {info!r}; expected epoch 0"
+            diff = format_diff(field_diff(_fixed_info(info), _fixed_info(expected)))
+            raise ConformanceFailure(("contract:info",), message, "info", "returns another value", calls=self._calls_sent(), diff=diff)
         if self.check.delay and self._claims(Capability.DELAY_KNOB):  # backups slower than restores: a missing backup->restore wait shows
             self.runtime.set_transfer_delay(self.check.delay, TransferKind.RESTORE)
             self.runtime.set_transfer_delay(3 * self.check.delay, TransferKind.BACKUP)

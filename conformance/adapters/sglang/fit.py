@@ -102,6 +102,8 @@ def _misfit(dotted: str, by_name: tuple[str, ...], positional: int) -> str | Non
         return f"missing ({type(missing).__name__}: {missing})"
     if not callable(obj):
         return "not callable"
+    if getattr(obj, "__isabstractmethod__", False):  # only an ABC's declaration is left: the class lost its method
+        return "missing (only the abstract declaration of a base class)"
     try:
         signature = inspect.signature(obj)
     except (TypeError, ValueError):

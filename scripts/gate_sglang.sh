@@ -48,7 +48,7 @@ if [[ -n "$SOURCE" ]]; then
   echo "== SGLang from source: $SOURCE"
   bash "$ADAPTER/install_source.sh" "$SOURCE" "$VENV"
 fi
-export PYTHONPATH="$REPO:$ADAPTER/stubs${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$REPO/src:$REPO:$ADAPTER/stubs${PYTHONPATH:+:$PYTHONPATH}"
 cd "$REPO"
 mkdir -p "$OUT"
 echo "== SGLang under test: $("$PY" -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null)"

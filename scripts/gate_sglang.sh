@@ -36,8 +36,9 @@ while [[ $# -gt 0 ]]; do
     *) echo "usage: $0 [--sglang-source DIR] [--regressions] [--out DIR]" >&2; exit 2 ;;
   esac
 done
-# Adapter configurations the gate holds SGLang to (factory options; one JUnit file each).
-CONFIGS=("page_size=4 l1_pages=16 l2_pages=32")
+# Adapter configurations the gate holds SGLang to (factory options; one JUnit file each):
+# the default sizes, and small pools where running out is common (regressions.CONFIGURATIONS).
+CONFIGS=("l1_pages=16 l2_pages=32 page_size=4" "l1_pages=6 l2_pages=6 max_requests=3")
 
 start=$(date +%s)
 if [[ ! -x "$VENV/bin/python" ]]; then

@@ -61,3 +61,14 @@ def test_injected_sglang_regression_fails_the_gate(name):
 def test_survivors_are_regressions():
     assert set(regressions.SURVIVORS) <= set(regressions.REGRESSIONS)
     assert len(regressions.REGRESSIONS) - len(regressions.SURVIVORS) >= 8
+
+
+def test_gate_script_runs_the_configurations_the_regressions_are_searched_on():
+    import re
+
+    from _sglang_env import REPO
+
+    line = re.search(r"^CONFIGS=\((.*)\)$", (REPO / "scripts" / "gate_sglang.sh").read_text(), flags=re.M)
+    assert line, "scripts/gate_sglang.sh has no CONFIGS=(...) line"
+    in_script = [tuple(sorted((k, int(v)) for k, v in (p.split("=") for p in c.split()))) for c in re.findall(r'"([^"]*)"', line.group(1))]
+    assert in_script == [tuple(sorted(c)) for c in regressions.CONFIGURATIONS]

@@ -29,8 +29,9 @@ The mapping, in short:
   close. `split` is the tree's own node split (`match_prefix` of the first part's key).
   A release of a reference the adapter already released or split reaches the tree and the
   allocator unchanged: SGLang's tree entries carry no generation.
-- batch: no batch layer in SGLang's cache classes: `prepare_batch` is one
-  `allocator.alloc` of the batch's new pages and `ReqToTokenPool.write` of each row.
+- batch: no batch layer in SGLang's cache classes: `prepare_batch` is the plan's load-backs
+  and one `allocator.alloc` of the batch's new pages, admitted together on the allocator's
+  free pages first (the scheduler's budget check), and `ReqToTokenPool.write` of each row.
 - tier moves: `HiCacheController.write` (Backup), `load` + `start_loading` (Restore),
   `allocator.free` (Demote), `evict_host` (Drop), with `io_backend="direct"`; on CPU the
   copy runs inside the call; completions are SGLang's acks.
@@ -374,9 +375,6 @@ class SGLangRuntime:
                 away = [n for n in self._extent(extent).pages if self.pages[n].device is None and n not in restored]
                 if away:  # HiRadixCache's scheduler would load it back first: that load is the plan's Restore
                     raise NotResident(f"extent {extent.generation}: pages {away} have no device copy and the plan restores none")
-        for intent in plan.intents:
-            if isinstance(intent, Restore):
-                self._restore(intent.extent)
         ends, starts, need = {}, {}, 0
         for item, record in zip(plan.items, records, strict=True):
             attached = sum(len(self._extent(e).pages) for e in item.attach)
@@ -384,6 +382,16 @@ class SGLangRuntime:
             starts[record.row] = (record.reserved, len(record.pages), len(record.locks))
             ends[record.row] = end
             need += -(-end // ps) - len(record.pages) - attached
+        # The scheduler admits a batch only if its load-backs and new pages fit together
+        # (PrefillAdder's token budget, before any allocation); the load and the alloc are
+        # two allocator calls, so the budget is read before the first.
+        loads = len({n for i in plan.intents if isinstance(i, Restore) for n in self._extent(i.extent).pages if self.pages[n].device is None})
+        available = self.sg.allocator.available_size() // ps
+        if loads + max(need, 0) > available:
+            raise OutOfPages(Tier.L1, loads + max(need, 0), available)
+        for intent in plan.intents:
+            if isinstance(intent, Restore):
+                self._restore(intent.extent)
         indices = self.sg.allocator.alloc(need * ps) if need > 0 else None
         if need > 0 and indices is None:
             raise OutOfPages(Tier.L1, need, self.sg.allocator.available_size() // ps)

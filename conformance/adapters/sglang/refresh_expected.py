@@ -24,16 +24,17 @@ HERE = Path(__file__).resolve().parent
 #: (signature prefixes, the reason every signature starting with one of them is tolerated)
 FINDINGS: list[tuple[tuple[str, ...], str]] = [
     (
-        ("H1 close_request: crashes with AssertionError",),
-        "S5 (where the check lives): ReqToTokenPool.free(req) refuses a Req that holds no row (a stale or double close) with a bare "
+        ("H1 close_request: crashes with AssertionError", "H1 execute_batch: crashes with AssertionError"),
+        "S5 (where the check lives): ReqToTokenPool.free(req) refuses a Req that holds no row (a stale or double close, also as a plan's Close) with a bare "
         "`assert req.kv.holds_kv` (sglang/srt/mem_cache/memory_pool.py:462-463) before it changes anything: the check exists, as an assert, "
         "not a typed error (python -O removes it)",
     ),
     (
-        ("H1 release: crashes with AssertionError",),
+        ("H1 release: ",),
         "S6/S1 (SGLang defect, legacy RadixCache): a second release of an extent reaches its tree entry unchanged (entries carry no generation): "
-        "dec_lock_ref underflows to -1 (radix_cache.py:597-615), the entry is evicted again, free_segment puts its pages on the free list a "
-        "second time (allocator/paged.py:340-357, no double-free check) and only then _delete_leaf asserts (radix_cache.py:780-783)",
+        "dec_lock_ref drops a lock another holder took, or underflows to -1 (radix_cache.py:597-615); an entry left unlocked is evicted again, "
+        "free_segment puts its pages on the free list a second time (allocator/paged.py:340-357, no double-free check) and only then "
+        "_delete_leaf asserts (radix_cache.py:780-783)",
     ),
     (
         ("H1 retain: returns where the model raises StaleHandle",),
@@ -42,7 +43,8 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
     (
         ("H1 ",),
         "V1/V5: a request's row is a bare index (ReqToTokenPool.write, memory_pool.py:413-414); the scheduler keeps it on the Req, so a "
-        "finished request's stale handle still names its old row, which prepare_batch, publish and execute_batch write or read",
+        "finished request's stale handle still names its old row, which prepare_batch (allocating for it, or running out), publish and "
+        "execute_batch write or read",
     ),
     (
         ("contract:open_request ",),
@@ -66,7 +68,8 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
     (
         ("contract:prepare_batch ", "O4 ", "contract:cancel_batch ", "contract:execute_batch "),
         "V7: SGLang's cache classes have no batch layer (ScheduleBatch in managers/schedule_batch.py is the scheduler's): empty plans, appends "
-        "without an output, executing twice or out of order, cancelling an executed or depended-on batch are not refused",
+        "without an output, executing twice or out of order (a Close or Release then reaching SGLang's asserts), cancelling an executed, "
+        "unprepared or depended-on batch are not refused",
     ),
     (
         ("contract:split ",),

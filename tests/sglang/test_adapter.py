@@ -64,15 +64,29 @@ def test_exhaustion_is_translated_to_typed_errors():
         rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(12))),)))
 
 
-def test_scenario4_stale_handle_reaches_the_new_requests_row():
-    """Scenario 4 on SGLang: A's late close frees B's row (H1), as free_rows takes no generation."""
+def test_scenario4_stale_close_is_refused_by_req_to_token_pool_free():
+    """Scenario 4 on SGLang: A's late close reaches ReqToTokenPool.free(A's Req), whose assert refuses it before B's row changes."""
     rt = make_runtime(max_requests=2)
     a = rt.open_request()
     rt.close_request(a)
     b = rt.open_request()
     assert b.slot_id == a.slot_id and b.generation == a.generation + 1  # H2 holds
     rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(b, (1, 2, 3)),))))
-    free_before = rt.sg.allocator.available_size()
-    rt.close_request(a)  # stale: the contract says StaleHandle and no change
-    assert rt.sg.allocator.available_size() > free_before  # B's page went back to the free list
-    assert rt.sg.req_to_token_pool.free_slots.count(rt.slot_row[a.slot_id]) == 1  # B's row is free again
+    free_pages, free_rows = rt.sg.allocator.available_size(), list(rt.sg.req_to_token_pool.free_slots)
+    with pytest.raises(AssertionError, match="request must have req_pool_idx"):
+        rt.close_request(a)  # stale: SGLang's own check, an assert rather than StaleHandle
+    assert rt.sg.allocator.available_size() == free_pages and rt.sg.req_to_token_pool.free_slots == free_rows
+
+
+def test_a_second_release_reaches_the_tree_and_the_allocator():
+    """A released extent's ref, released again, reaches its RadixCache entry: the pages go on the free list twice (S1, S6)."""
+    rt = make_runtime(page_size=4, l1_pages=4, l2_pages=0)
+    a = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),))))
+    x = rt.publish(a, 0, 2)
+    rt.close_request(a)
+    rt.release(x)
+    assert rt.sg.allocator.available_size() == 16
+    with pytest.raises(AssertionError, match="parent does not have child key"):
+        rt.release(x)  # RadixCache._delete_leaf asserts, after free_segment freed the pages again
+    assert rt.sg.allocator.available_size() == 24  # 4 pages of 4 tokens, 6 on the free list

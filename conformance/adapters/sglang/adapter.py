@@ -1,52 +1,57 @@
 """SGLang 0.5.23's real cache classes presented as a cacheruntime `RuntimeInterface`.
 
 Factory: `conformance.adapters.sglang.adapter:make_runtime` (run from the repository
-root, under `.venv-sglang/bin/python`; see notes.md). The adapter is a *translator*: every
-call becomes the SGLang calls a scheduler makes, and it adds no check SGLang lacks, so
-the conformance suite measures SGLang, not the adapter.
+root, under `.venv-sglang/bin/python`; see notes.md). The adapter is a *translator*:
+every protocol call becomes the SGLang calls a scheduler makes for it, and a check
+happens only where SGLang makes it, so the conformance suite measures SGLang, not the
+adapter. notes.md has the table operation -> SGLang methods reached, as recorded by
+`tests/sglang/test_calls_reached.py` (which spies on SGLang's methods, so it cannot drift),
+and the list of what has no SGLang counterpart.
 
-How the protocol maps onto SGLang (and what cannot be checked):
+The mapping, in short:
 
-| protocol | SGLang 0.5.23 | notes |
-|---|---|---|
-| slot, `slot_id` | a `ReqToTokenPool` row (row 0 is SGLang's padding row); the slot id is a *name* the adapter gives the row: the lowest name not live, as the contract numbers slots | SGLang hands out the highest free row (LIFO tail pop); rows are physical, so the adapter names them as it names pages |
-| handle `generation` | `ReqToTokenPool.req_generation[row] - 1`: SGLang bumps when it hands a row out (first use 1), the contract when it closes (first use 0) | H2 holds. SGLang's row operations (`free_rows`, `write`) take a bare row index, never a generation: a stale handle cannot be rejected (H1), so the adapter forwards it |
-| handle `epoch`, `runtime_id` | none | no restart epoch and no runtime identity: not checkable; RESTART is not claimed |
-| page name | the adapter's counter, in the contract's order; maps to a `PagedTokenToKVPoolAllocator` page id and/or a host-pool page | SGLang has no logical page names: a tree node or a row holds raw token indices (the representation leak the design brief names) |
-| page holders (R3) | none in SGLang: the allocator has no reference counts; sharing is the radix tree's `lock_ref` | the adapter counts holders only to decide *when* to call `allocator.free`, as the scheduler's `cache_finished_req`/tree eviction decide; it never refuses a call because of them |
-| extent (publish/split/retain/release) | no runtime-side object: in SGLang the prefix tree (control side) owns the token indices | the adapter's extent table is bookkeeping only: a generation not in it (never issued, released, split) is `UnknownHandle` (a lookup miss, see below); a ref whose extent is still live is forwarded whatever its `page_runs`, epoch or runtime id |
-| prepare/execute/cancel | no two-phase batch in SGLang's cache layer; `alloc` of the batch's pages at prepare (one `alloc` for the whole batch, as `alloc_extend` does), row writes via `req_to_token` | an id not in the adapter's batch table is `UnknownHandle` (lookup miss); no `AlreadyExecuted`/`OutOfOrder`/`NotPrepared`: SGLang has no batch identity or state (O4 not checkable on SGLang itself) |
-| Backup / Restore | `HiCacheController.write(device_indices)` / `load(host_indices)` + `start_loading()`, `io_backend="direct"` | on CPU the copy runs inside the call; completions are SGLang's acks (`ack_write_queue`, `ack_load_queue`), reported at poll as `writing_check`/`loading_check` do |
-| Demote / Drop | `allocator.free(device_indices)` / `controller.evict_host(host_indices)` | no `NotBackedUp`/`ExtentInUse`/`WouldLoseData` checks: SGLang keeps those in the HiRadixCache, not in the runtime classes |
-| compute | none (no model on CPU): `next_token` is None | TAGGED_COMPUTE not claimed, so D1 is not checked through compute |
+- request: a scheduler `Req` as the cache classes see it (a shell holding SGLang's own
+  `ReqKvInfo`), given a row by `ReqToTokenPool.alloc([req])` and released by
+  `ReqToTokenPool.free(req)`, which refuses a request that holds no row (a stale or
+  double close) with SGLang's AssertionError, before anything changes. Its handle's
+  generation is `req_generation[row] - 1` (SGLang bumps when it hands a row out, the
+  contract when it closes). The slot id is a name the adapter gives the row: the lowest
+  name not live, as the contract numbers slots (SGLang pops the highest free row).
+- pages: the adapter names device pages of `PagedTokenToKVPoolAllocator` (and host pages of
+  the host pool) in the contract's order; SGLang has no page names.
+- extent: an entry of SGLang's `RadixCache`. `publish` inserts the pages
+  (`RadixCache.insert`, under a namespace of its own: `RadixKey.extra_key`, so two extents
+  over equal tokens are not merged) and takes a lock on the entry for the reference
+  (`inc_lock_ref`); `retain` takes another lock, `release` drops one (`dec_lock_ref`), and
+  an entry whose lock count reaches zero is evicted as `RadixCache.evict` evicts a leaf
+  (`free_segment` of its pages, `_delete_leaf`). `attach` is the scheduler's prefix
+  reuse: `match_prefix` of the entry's key and `inc_lock_ref` for the request, dropped at
+  close. `split` is the tree's own node split (`match_prefix` of the first part's key).
+  A release of a reference the adapter already released or split reaches the tree and the
+  allocator unchanged: SGLang's tree entries carry no generation.
+- batch: no batch layer in SGLang's cache classes: `prepare_batch` is the plan's load-backs
+  and one `allocator.alloc` of the batch's new pages, admitted together on the allocator's
+  free pages first (the scheduler's budget check), and `ReqToTokenPool.write` of each row.
+- tier moves: `HiCacheController.write` (Backup), `load` + `start_loading` (Restore),
+  `allocator.free` (Demote), `evict_host` (Drop), with `io_backend="direct"`; on CPU the
+  copy runs inside the call; completions are SGLang's acks.
 
-Capabilities claimed: `L2` only (when `l2_pages > 0`). Not `ASYNC_TRANSFERS` (on CPU every
-copy has finished when the call returns), not `INTROSPECTION` (holders, names and
-extents are the adapter's, not SGLang's state), not `RESTART`, `TAGGED_COMPUTE`,
-`DELAY_KNOB`.
+Capabilities claimed: `L2` only (when `l2_pages > 0`).
 
-Errors: SGLang signals exhaustion by returning None (`alloc_rows`, `alloc`, `write`,
-`load`); the adapter translates exactly those into `OutOfSlots` / `OutOfPages`. Any other
-SGLang exception (an AssertionError, an IndexError) propagates unchanged.
-
-Unknown batch ids and extent generations: batches and extents are the adapter's *own*
-bookkeeping (SGLang has no batch or extent identity; the `_batch`/`_extent` tables exist
-only to turn a protocol value into the token indices SGLang takes). A lookup that misses
-in those tables (keyed by the whole value as issued: runtime id, epoch 0, extent
-generation *and* page runs; the contract's order of handle errors) is a value the adapter
-cannot translate, so it raises `UnknownHandle`
-instead of leaking a `KeyError`: that is translation, not a check SGLang lacks. Every
-lookup of a plan is resolved before the first SGLang call, so a miss changes nothing.
-The adapter never refuses a call on SGLang's own state (rows, generations, pages,
-locks, frees, acks). The one refinement: a generation the adapter's own counter issued
-but whose entry is gone (released or split) is `StaleHandle`, as the contract words it,
-since that too is read off the adapter's table alone. A stale or double row free, a double release through a live
-second reference, a batch executed twice or a cancelled one are all forwarded to SGLang.
+Errors: SGLang signals exhaustion by returning None (`alloc`, `write`, `load`); the adapter
+translates exactly those into `OutOfSlots` / `OutOfPages`. Any SGLang exception (an
+AssertionError, an IndexError) propagates unchanged. A protocol value the adapter cannot
+translate into SGLang's arguments (a request handle, batch id or extent generation it never
+issued, a ref with other page runs, an extent whose tree entry is gone, a Restore of a page
+with no host copy) is `UnknownHandle`/`StaleHandle`/`NotBackedUp`, resolved for the whole
+call before its first SGLang call, so such a refusal changes nothing.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from cacheruntime import pageruns
@@ -62,6 +67,8 @@ from cacheruntime.protocol import (
     ForeignRuntime,
     InvalidPlan,
     ItemResult,
+    NotBackedUp,
+    NotResident,
     OutOfPages,
     OutOfSlots,
     PreparedBatchHandle,
@@ -86,35 +93,42 @@ if TYPE_CHECKING:  # torch is imported where it is used: the adapter module load
 
 
 @dataclass
-class _Row:
+class _Request:
+    """One request as the scheduler holds it: SGLang's Req shell, its row and what it locked."""
+
+    req: object  # SimpleNamespace(kv=ReqKvInfo()): what ReqToTokenPool.alloc/free read
+    row: int
     pages: list[int] = field(default_factory=list)  # page names, in token order
     num_tokens: int = 0
     reserved: int = 0
+    locks: list[object] = field(default_factory=list)  # tree nodes locked for this request (attach)
 
 
 @dataclass
 class _Page:
-    holders: int
     device: int | None = None  # allocator page id
     host: int | None = None  # host pool page id
 
 
 @dataclass
 class _Extent:
+    """A published extent: its page names and the tree entry that holds them."""
+
     pages: tuple[int, ...]
-    refcount: int = 1
+    node: object  # radix_cache.TreeNode
+    key: object  # the RadixKey the entry was inserted (or split) under
+    refs: int = 1
 
 
 @dataclass
 class _Batch:
     plan: BatchPlan
     ends: dict[int, int]
-    starts: dict[int, tuple[int, int]]  # row -> (reserved tokens, page count) before
-    state: str = "prepared"
+    starts: dict[int, tuple[int, int, int]]  # row -> (reserved tokens, page count, lock count) before
 
 
 class SGLangRuntime:
-    """A `RuntimeInterface` over ReqToTokenPool, the paged allocator, the KV pools and HiCacheController."""
+    """A `RuntimeInterface` over ReqToTokenPool, the paged allocator, RadixCache and HiCacheController."""
 
     def __init__(
         self,
@@ -140,19 +154,18 @@ class SGLangRuntime:
             l2_pages=l2_pages,
             paged=True,
         )
-        self.rows: dict[int, _Row] = {}
-        self.slot_row: dict[int, int] = {}  # protocol slot name -> ReqToTokenPool row (kept after close)
-        self.live_slots: set[int] = set()
+        self.requests: dict[RequestRuntimeHandle, _Request] = {}  # every handle issued, live or not
+        self.live_slots: dict[int, RequestRuntimeHandle] = {}
         self.pages: dict[int, _Page] = {}
-        self.extents: dict[int, _Extent] = {}
+        self.extents: dict[int, _Extent] = {}  # live extents
+        self.entries: dict[int, _Extent] = {}  # every extent issued: a released one still names its tree entry
         self.batches: dict[int, _Batch] = {}
-        self.produced: dict[int, int] = {}
         self.next_page = 0
         self.next_extent = 1
         self.next_batch = 0
         self.next_transfer = 0
-        self.write_tickets: list[tuple[TransferTicket, list[int]]] = []  # parallel to ack_write_queue
-        self.load_tickets: list[tuple[TransferTicket, list[int]]] = []  # parallel to ack_load_queue
+        self.write_tickets: list[TransferTicket] = []  # parallel to ack_write_queue
+        self.load_tickets: list[TransferTicket] = []  # parallel to ack_load_queue
         self.done: list[TransferCompletion] = []
 
     # -- info --------------------------------------------------------------------------
@@ -170,99 +183,172 @@ class SGLangRuntime:
             frozenset(caps),
         )
 
-    # -- helpers: translation only ---------------------------------------------------------
-
-    def _row(self, request: RequestRuntimeHandle) -> int:
-        # Name -> physical row only; no generation/epoch check: SGLang's row API has none.
-        return self.slot_row.get(request.slot_id, request.slot_id + 1)
+    # -- translation -----------------------------------------------------------------------
 
     def _own(self, what: str, ref) -> None:
-        # Extent refs and batch handles are values only the adapter issues (runtime id "sglang",
-        # epoch 0: SGLang has neither); one from elsewhere names nothing in its tables.
+        # Handles, extent refs and batch handles are values only the adapter issues (runtime
+        # id, epoch 0: SGLang has neither); one from elsewhere names nothing in its tables.
         if ref.runtime_id != self.runtime_id:
             raise ForeignRuntime(f"{what} belongs to runtime {ref.runtime_id!r}, not {self.runtime_id!r}")
         if ref.epoch != 0:
             raise (StaleHandle if ref.epoch < 0 else UnknownHandle)(f"{what} has epoch {ref.epoch}; the adapter has only epoch 0")
 
-    def _extent(self, ref: CacheExtentRef) -> _Extent:
-        # Lookup in the adapter's own table (SGLang has no extent identity): a miss is untranslatable.
-        self._own("extent ref", ref)
-        # The key is the ref as issued (generation and page runs): a ref with other page runs
-        # names no entry of the table.
-        record = self.extents.get(ref.generation)
+    def _request(self, handle: RequestRuntimeHandle) -> _Request:
+        """The Req a handle stands for (live or finished); a handle never issued names none."""
+        self._own("request handle", handle)
+        record = self.requests.get(handle)
         if record is None:
-            if 0 < ref.generation < self.next_extent:  # the adapter issued it, then released or split it
-                raise StaleHandle(f"extent generation {ref.generation} was released or split")
-            raise UnknownHandle(f"extent generation {ref.generation} is not in the adapter's extent table")
+            raise UnknownHandle(f"request handle {handle} was never issued: no SGLang Req stands for it")
+        return record
+
+    def _entry(self, ref: CacheExtentRef) -> _Extent:
+        """The tree entry an extent ref was issued for, live or not (a lookup, no check)."""
+        self._own("extent ref", ref)
+        record = self.entries.get(ref.generation)
+        if record is None:
+            raise UnknownHandle(f"extent generation {ref.generation} was never issued")
         if tuple(ref.page_runs) != pageruns.coalesce(record.pages):
             raise UnknownHandle(f"extent generation {ref.generation}: page runs {ref.page_runs} were not issued with it")
         return record
 
+    def _extent(self, ref: CacheExtentRef) -> _Extent:
+        """A live extent: one whose tree entry the adapter can still turn into token indices."""
+        record = self._entry(ref)
+        if ref.generation not in self.extents:
+            raise StaleHandle(f"extent generation {ref.generation} was released or split: its tree entry names no pages now")
+        return record
+
     def _batch(self, handle: PreparedBatchHandle) -> _Batch:
-        # Lookup in the adapter's own table (SGLang has no batch identity); no state check.
         self._own("batch handle", handle)
         record = self.batches.get(handle.batch_id)
         if record is None:
             raise UnknownHandle(f"batch id {handle.batch_id} is not in the adapter's batch table")
         return record
 
+    def _indices(self, page_ids) -> torch.Tensor:
+        import torch
+
+        ps = self.page_size
+        return (torch.tensor(list(page_ids), dtype=torch.int64)[:, None] * ps + torch.arange(ps)).reshape(-1)
+
     def _device_indices(self, names) -> torch.Tensor:
-        import torch
+        return self._indices(self.pages[n].device for n in names)
 
-        ps = self.page_size
-        ids = [self.pages[n].device for n in names]
-        return (torch.tensor(ids, dtype=torch.int64)[:, None] * ps + torch.arange(ps)).reshape(-1)
-
-    def _host_indices(self, names):
-        import torch
-
-        ps = self.page_size
-        ids = [self.pages[n].host for n in names]
-        return (torch.tensor(ids, dtype=torch.int64)[:, None] * ps + torch.arange(ps)).reshape(-1)
+    def _host_indices(self, names) -> torch.Tensor:
+        return self._indices(self.pages[n].host for n in names)
 
     def _page_ids(self, indices) -> list[int]:
         return (indices[:: self.page_size] // self.page_size).tolist()
 
-    def _write_row(self, row: int, state: _Row) -> None:
-        if state.pages:
-            idx = self._device_indices([p for p in state.pages if self.pages[p].device is not None])
-            self.sg.req_to_token_pool.write((row, slice(0, len(idx))), idx.to(self.sg.req_to_token_pool.req_to_token.dtype))
+    def _key(self, generation: int, names) -> object:
+        """The radix key of an extent: its page names as tokens, in a namespace of its own."""
+        from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    def _drop_holder(self, name: int) -> None:
-        page = self.pages[name]
-        page.holders -= 1
-        if page.holders == 0:
-            if page.device is not None:
-                self.sg.allocator.free(self._device_indices([name]))
-            if page.host is not None and self.sg.controller is not None:
-                self.sg.controller.evict_host(self._host_indices([name]))
-            del self.pages[name]
+        ps = self.page_size
+        return RadixKey(token_ids=array("q", [n * ps + i for n in names for i in range(ps)]), extra_key=f"cacheruntime-extent-{generation}")
+
+    def _write_row(self, record: _Request) -> None:
+        names = [p for p in record.pages if self.pages[p].device is not None]
+        if names:
+            idx = self._device_indices(names)
+            pool = self.sg.req_to_token_pool
+            pool.write((record.row, slice(0, len(idx))), idx.to(pool.req_to_token.dtype))
+
+    def _named_elsewhere(self, exclude=None) -> set[int]:
+        """Device pages SGLang's own state still names: tree entries (but `exclude`) and live requests' rows."""
+        tree, pool, ps = self.sg.tree, self.sg.req_to_token_pool, self.page_size
+        named: set[int] = set()
+        stack = list(tree.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is not exclude and node.value is not None:
+                named.update((node.value[::ps] // ps).tolist())
+        for record in self.requests.values():
+            if record.req.kv.holds_kv and record.req.kv.kv_allocated_len:
+                named.update((pool.req_to_token[record.row, : record.req.kv.kv_allocated_len : ps] // ps).tolist())
+        return named
+
+    # -- eviction: RadixCache.evict's loop body, on the entries whose last lock went ----------
+
+    def _evict_unlocked(self, node) -> None:
+        """Evict `node` and then each parent left an unlocked leaf, as RadixCache.evict does.
+
+        SGLang's tree never holds a page in two entries; protocol extents may overlap, so
+        the free leaves out pages another entry or a live row still names (adapter
+        limitation, notes.md).
+        """
+        tree = self.sg.tree
+        while node is not tree.root_node and node.lock_ref <= 0 and not node.children:
+            parent = node.parent
+            if node.value is not None:
+                keep = self._named_elsewhere(exclude=node)
+                ps = self.page_size
+                mask = [int(i) // ps not in keep for i in node.value]
+                import torch
+
+                freed = node.value[torch.tensor(mask, dtype=torch.bool)]
+                self.sg.allocator.free_segment(freed, start_pos=0)
+                gone = set(self._page_ids(freed))
+                for page in self.pages.values():
+                    if page.device in gone:
+                        page.device = None
+            tree._delete_leaf(node)
+            self._drop_host_copies(node)
+            node = parent
+
+    def _drop_host_copies(self, node) -> None:
+        """Host copies of the evicted entry's pages that no live extent names go too (HiRadixCache evicts the node's host value)."""
+        names = {n for e in self.entries.values() if e.node is node for n in e.pages}
+        live = {n for e in self.extents.values() if e.node is not node for n in e.pages}
+        gone = [n for n in sorted(names - live) if n in self.pages and self.pages[n].host is not None]
+        if gone and self.sg.controller is not None:
+            self.sg.controller.evict_host(self._host_indices(gone))
+            for n in gone:
+                self.pages[n].host = None
+
+    def _unlock(self, node) -> None:
+        self.sg.tree.dec_lock_ref(node)
+        self._evict_unlocked(node)
 
     # -- requests ------------------------------------------------------------------------
 
     def open_request(self) -> RequestRuntimeHandle:
-        rows = self.sg.req_to_token_pool.alloc_rows(1)
+        from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+        req = SimpleNamespace(kv=ReqKvInfo())
+        rows = self.sg.req_to_token_pool.alloc([req])
         if rows is None:
             raise OutOfSlots(f"ReqToTokenPool has no free row (size {self.max_requests})")
         (row,) = rows
-        self.rows[row] = _Row()
-        self.produced[row] = 0
         slot = min(s for s in range(self.max_requests) if s not in self.live_slots)
-        self.live_slots.add(slot)
-        self.slot_row[slot] = row
         # SGLang bumps req_generation when it hands a row out (first use: 1); the contract
         # bumps at close (first use: 0). Same sequence, shifted by one.
         generation = int(self.sg.req_to_token_pool.req_generation[row]) - 1
-        return RequestRuntimeHandle(self.runtime_id, 0, slot, generation)
+        handle = RequestRuntimeHandle(self.runtime_id, 0, slot, generation)
+        self.requests[handle] = _Request(req, row)
+        self.live_slots[slot] = handle
+        return handle
 
     def close_request(self, request: RequestRuntimeHandle) -> None:
-        row = self._row(request)
-        self.live_slots.discard(request.slot_id)
-        state = self.rows.pop(row, _Row())
-        for name in state.pages:
-            if name in self.pages:
-                self._drop_holder(name)
-        self.sg.req_to_token_pool.free_rows([row])
+        record = self._request(request)
+        # ReqToTokenPool.free asserts the Req holds a row before it changes anything (as
+        # release_kv_cache asserts first): a stale or double close stops here.
+        self.sg.req_to_token_pool.free(record.req)
+        if self.live_slots.get(request.slot_id) == request:
+            del self.live_slots[request.slot_id]
+        # release_kv_cache: free the row's own KV (not what the tree holds), then unlock.
+        own = [n for n in record.pages if self.pages[n].device is not None]
+        tree_named = self._named_elsewhere() if own else set()
+        free = [n for n in own if self.pages[n].device not in tree_named]
+        if free:
+            self.sg.allocator.free(self._device_indices(free))
+            for n in free:
+                self.pages[n].device = None
+        record.req.kv.kv_allocated_len = 0
+        locks, record.locks = record.locks, []
+        for node in locks:
+            self._unlock(node)
 
     # -- batches -------------------------------------------------------------------------
 
@@ -270,57 +356,74 @@ class SGLangRuntime:
         if not isinstance(plan, BatchPlan):
             raise InvalidPlan(f"expected a BatchPlan, got {type(plan).__name__}")
         ps = self.page_size
-        # Translate every extent ref of the plan first (adapter bookkeeping, no SGLang state).
+        # Translate every value of the plan first (no SGLang call yet).
+        records = [self._request(item.request) for item in plan.items]
         for item in plan.items:
             for extent in item.attach:
                 self._extent(extent)
         for intent in plan.intents:
-            if not isinstance(intent, (Publish, Close)):
+            if isinstance(intent, (Publish, Close)):
+                self._request(intent.request)
+            elif isinstance(intent, Release):
+                self._entry(intent.extent)
+            else:
                 self._extent(intent.extent)
+        self._plan_restores([i for i in plan.intents if isinstance(i, Restore)])
+        restored = {n for i in plan.intents if isinstance(i, Restore) for n in self._extent(i.extent).pages}
+        for item in plan.items:
+            for extent in item.attach:
+                away = [n for n in self._extent(extent).pages if self.pages[n].device is None and n not in restored]
+                if away:  # HiRadixCache's scheduler would load it back first: that load is the plan's Restore
+                    raise NotResident(f"extent {extent.generation}: pages {away} have no device copy and the plan restores none")
+        ends, starts, need = {}, {}, 0
+        for item, record in zip(plan.items, records, strict=True):
+            attached = sum(len(self._extent(e).pages) for e in item.attach)
+            end = record.reserved + attached * ps + item.new_tokens
+            starts[record.row] = (record.reserved, len(record.pages), len(record.locks))
+            ends[record.row] = end
+            need += -(-end // ps) - len(record.pages) - attached
+        # The scheduler admits a batch only if its load-backs and new pages fit together
+        # (PrefillAdder's token budget, before any allocation); the load and the alloc are
+        # two allocator calls, so the budget is read before the first.
+        loads = len({n for i in plan.intents if isinstance(i, Restore) for n in self._extent(i.extent).pages if self.pages[n].device is None})
+        available = self.sg.allocator.available_size() // ps
+        if loads + max(need, 0) > available:
+            raise OutOfPages(Tier.L1, loads + max(need, 0), available)
         for intent in plan.intents:
             if isinstance(intent, Restore):
                 self._restore(intent.extent)
-        ends, starts, need = {}, {}, 0
-        for item in plan.items:
-            row = self._row(item.request)
-            state = self.rows.setdefault(row, _Row())
-            attached = sum(len(self._extent(e).pages) for e in item.attach)
-            end = state.reserved + attached * ps + item.new_tokens
-            starts[row] = (state.reserved, len(state.pages))
-            ends[row] = end
-            need += -(-end // ps) - len(state.pages) - attached
         indices = self.sg.allocator.alloc(need * ps) if need > 0 else None
         if need > 0 and indices is None:
             raise OutOfPages(Tier.L1, need, self.sg.allocator.available_size() // ps)
         fresh = self._page_ids(indices) if need > 0 else []
-        for item in plan.items:
-            row = self._row(item.request)
-            state = self.rows[row]
-            for extent in item.attach:
-                for name in self._extent(extent).pages:
-                    self.pages[name].holders += 1
-                    state.pages.append(name)
-            while len(state.pages) * ps < ends[row]:
+        for item, record in zip(plan.items, records, strict=True):
+            for extent in item.attach:  # the scheduler's prefix reuse: match, then lock for the request
+                from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+                entry = self._extent(extent)
+                node = self.sg.tree.match_prefix(MatchPrefixParams(key=entry.key)).last_device_node
+                self.sg.tree.inc_lock_ref(node)
+                record.locks.append(node)
+                record.pages.extend(entry.pages)
+            while len(record.pages) * ps < ends[record.row]:
                 name, self.next_page = self.next_page, self.next_page + 1
-                self.pages[name] = _Page(holders=1, device=fresh.pop(0))
-                state.pages.append(name)
-            state.reserved = ends[row]
-            self._write_row(row, state)
+                self.pages[name] = _Page(device=fresh.pop(0))
+                record.pages.append(name)
+            record.reserved = ends[record.row]
+            record.req.kv.kv_allocated_len = len(record.pages) * ps
+            self._write_row(record)
         batch_id, self.next_batch = self.next_batch, self.next_batch + 1
         self.batches[batch_id] = _Batch(plan, ends, starts)
         return PreparedBatchHandle(self.runtime_id, 0, batch_id)
 
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
         record = self._batch(batch)  # no state check: SGLang has no batch identity
-        self.wait_completions_into_done()  # compute waits for the loads (SGLang: layer_done_counter)
+        self._collect(block=True)  # compute waits for the loads (SGLang: layer_done_counter)
         results = []
         for item in record.plan.items:
-            row = self._row(item.request)
-            state = self.rows.setdefault(row, _Row())
-            state.num_tokens = record.ends[row]
-            self.produced[row] = self.produced.get(row, 0) + 1
-            results.append(ItemResult(item.request, state.num_tokens, None))
-        record.state = "executed"
+            request = self.requests[item.request]
+            request.num_tokens = record.ends[request.row]
+            results.append(ItemResult(item.request, request.num_tokens, None))
         published, tickets = [], []
         for intent in record.plan.intents:
             if isinstance(intent, Restore):
@@ -336,46 +439,69 @@ class SGLangRuntime:
         return BatchCompletion(batch, tuple(results), tuple(published), tuple(tickets))
 
     def cancel_batch(self, batch: PreparedBatchHandle) -> None:
-        record = self._batch(batch)
-        for row, (reserved, keep) in record.starts.items():
-            state = self.rows.get(row)
-            if state is None:
-                continue
-            for name in state.pages[keep:]:
-                self._drop_holder(name)
-            del state.pages[keep:]
-            state.reserved = reserved
-        record.state = "cancelled"
+        record = self._batch(batch)  # no state check: SGLang has no batch identity
+        for item in record.plan.items:
+            request = self.requests[item.request]
+            reserved, keep, locks = record.starts[request.row]
+            attached = {n for node in request.locks[locks:] for e in self.entries.values() if e.node is node for n in e.pages}
+            mine = [n for n in request.pages[keep:] if n not in attached and self.pages[n].device is not None]
+            if mine:
+                self.sg.allocator.free(self._device_indices(mine))
+                for n in mine:
+                    self.pages[n].device = None
+            del request.pages[keep:]
+            request.reserved = reserved
+            request.req.kv.kv_allocated_len = len(request.pages) * self.page_size
+            undone, request.locks = request.locks[locks:], request.locks[:locks]
+            for node in undone:
+                self._unlock(node)
 
     # -- extents ---------------------------------------------------------------------------
 
-    def _new_extent(self, pages) -> CacheExtentRef:
+    def _issue(self, record: _Extent) -> CacheExtentRef:
         generation, self.next_extent = self.next_extent, self.next_extent + 1
-        self.extents[generation] = _Extent(tuple(pages))
-        return CacheExtentRef(self.runtime_id, 0, generation, pageruns.coalesce(tuple(pages)))
+        self.extents[generation] = self.entries[generation] = record
+        return CacheExtentRef(self.runtime_id, 0, generation, pageruns.coalesce(record.pages))
 
     def publish(self, request: RequestRuntimeHandle, first_page: int, page_count: int) -> CacheExtentRef:
-        state = self.rows.get(self._row(request), _Row())
-        pages = tuple(state.pages[first_page : first_page + page_count])
-        for name in pages:
-            self.pages[name].holders += 1
-        return self._new_extent(pages)
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+        record = self._request(request)
+        pages = tuple(record.pages[first_page : first_page + page_count])  # a slice clamps (V4)
+        generation = self.next_extent
+        key = self._key(generation, pages)
+        value = self._device_indices([n for n in pages if self.pages[n].device is not None]) if pages else None
+        node = self.sg.tree.insert(InsertParams(key=key, value=value)).last_device_node
+        self.sg.tree.inc_lock_ref(node)  # the extent's reference keeps the entry from eviction
+        return self._issue(_Extent(pages, node, key))
 
     def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
         record = self._extent(extent)
+        tree = self.sg.tree
+        head_key = record.key[: at_page * self.page_size]
+        head = tree.match_prefix(MatchPrefixParams(key=head_key)).last_device_node  # splits the entry at at_page
+        tree.inc_lock_ref(head)  # the first part's own reference; the rest keeps the whole one's
         del self.extents[extent.generation]
-        return self._new_extent(record.pages[:at_page]), self._new_extent(record.pages[at_page:])
+        return (
+            self._issue(_Extent(record.pages[:at_page], head, head_key)),
+            self._issue(_Extent(record.pages[at_page:], record.node, record.key)),
+        )
 
     def retain(self, extent: CacheExtentRef) -> None:
-        self._extent(extent).refcount += 1
+        record = self._entry(extent)  # SGLang's lock has no generation: a stale ref locks the entry too
+        self.sg.tree.inc_lock_ref(record.node)
+        if extent.generation in self.extents:
+            record.refs += 1
 
     def release(self, extent: CacheExtentRef) -> None:
-        record = self._extent(extent)
-        record.refcount -= 1
-        if record.refcount == 0:
-            del self.extents[extent.generation]
-            for name in record.pages:
-                self._drop_holder(name)
+        record = self._entry(extent)  # a stale ref reaches the tree's entry (and the allocator) unchanged
+        if extent.generation in self.extents:
+            record.refs -= 1
+            if record.refs == 0:
+                del self.extents[extent.generation]
+        self._unlock(record.node)
 
     # -- tier moves --------------------------------------------------------------------------
 
@@ -383,8 +509,31 @@ class SGLangRuntime:
         tid, self.next_transfer = self.next_transfer, self.next_transfer + 1
         return TransferTicket(self.runtime_id, 0, tid, kind, extent.generation, count)
 
+    def _plan_restores(self, intents) -> None:
+        """Every Restore must name host pages for `controller.load`: one that cannot is refused before any SGLang call.
+
+        Run over the intents in order, with the device/host presence each earlier Demote
+        and Drop of the same call leaves (translation only: SGLang is not called).
+        """
+        device = {n: p.device is not None for n, p in self.pages.items()}
+        host = {n: p.host is not None for n, p in self.pages.items()}
+        for intent in intents:
+            names = self._extent(intent.extent).pages
+            if isinstance(intent, Backup):
+                host.update({n: True for n in names if device[n]})
+            elif isinstance(intent, Demote):
+                device.update(dict.fromkeys(names, False))
+            elif isinstance(intent, Drop):
+                host.update(dict.fromkeys(names, False))
+            elif isinstance(intent, Restore):
+                missing = [n for n in names if not device[n] and not host[n]]
+                if missing:
+                    raise NotBackedUp(f"Restore of extent {intent.extent.generation}: pages {missing} have no host copy to load")
+                device.update(dict.fromkeys(names, True))
+
     def _restore(self, extent: CacheExtentRef) -> TransferTicket:
-        names = [n for n in self._extent(extent).pages if self.pages[n].device is None]
+        record = self._extent(extent)
+        names = [n for n in record.pages if self.pages[n].device is None]
         ticket = self._ticket(TransferKind.RESTORE, extent, len(names))
         if not names:
             self.done.append(TransferCompletion(ticket))
@@ -392,10 +541,11 @@ class SGLangRuntime:
         device = self.sg.controller.load(self._host_indices(names))
         if device is None:
             raise OutOfPages(Tier.L1, len(names), self.sg.allocator.available_size() // self.page_size)
-        for name, page_id in zip(names, self._page_ids(device)):
+        for name, page_id in zip(names, self._page_ids(device), strict=True):
             self.pages[name].device = page_id
+        record.node.value = self._device_indices(record.pages)  # HiRadixCache.load_back sets the node's device value
         self.sg.controller.start_loading()
-        self.load_tickets.append((ticket, names))
+        self.load_tickets.append(ticket)
         return ticket
 
     def submit(self, intents) -> tuple[TransferTicket, ...]:
@@ -407,19 +557,20 @@ class SGLangRuntime:
             if not isinstance(intent, (Backup, Restore, Demote, Drop)):
                 raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
             self._extent(intent.extent)
+        self._plan_restores(intents)
         tickets = []
         for intent in intents:
             record = self._extent(intent.extent)
             if isinstance(intent, Backup):
-                names = [n for n in record.pages if self.pages[n].host is None]
+                names = [n for n in record.pages if self.pages[n].host is None and self.pages[n].device is not None]
                 ticket = self._ticket(TransferKind.BACKUP, intent.extent, len(names))
                 if names:
                     host = self.sg.controller.write(self._device_indices(names))
                     if host is None:
                         raise OutOfPages(Tier.L2, len(names), self.sg.host_pool.available_size() // self.page_size)
-                    for name, page_id in zip(names, self._page_ids(host)):
+                    for name, page_id in zip(names, self._page_ids(host), strict=True):
                         self.pages[name].host = page_id
-                    self.write_tickets.append((ticket, names))
+                    self.write_tickets.append(ticket)
                 else:
                     self.done.append(TransferCompletion(ticket))
                 tickets.append(ticket)
@@ -431,14 +582,13 @@ class SGLangRuntime:
                     self.sg.allocator.free(self._device_indices(names))
                 for name in names:
                     self.pages[name].device = None
+                record.node.value = None  # HiRadixCache._evict_backuped: the node keeps its host value only
             elif isinstance(intent, Drop):
                 names = [n for n in record.pages if self.pages[n].host is not None]
                 if names:
                     self.sg.controller.evict_host(self._host_indices(names))
                 for name in names:
                     self.pages[name].host = None
-            else:
-                raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
         return tuple(tickets)
 
     # -- completions ---------------------------------------------------------------------------
@@ -456,11 +606,7 @@ class SGLangRuntime:
                 elif not ack.finish_event.query():
                     break
                 acks.pop(0)
-                ticket, _ = tickets.pop(0)
-                self.done.append(TransferCompletion(ticket))
-
-    def wait_completions_into_done(self) -> None:
-        self._collect(block=True)
+                self.done.append(TransferCompletion(tickets.pop(0)))
 
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
         self._collect(block=False)

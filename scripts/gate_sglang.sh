@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The SGLang-only gate: what an SGLang PR can change, and nothing of cacheruntime's own spec
+# (no TLC, no Z3: an SGLang PR does not touch them; scripts/gate_local.sh runs the whole
+# `cacheruntime check`).
+#
+# Usage: scripts/gate_sglang.sh [--sglang-source DIR] [--regressions] [--out DIR]
+#   --sglang-source DIR  install SGLang from a source checkout (DIR/python/pyproject.toml,
+#                        DIR/python/sglang/) over the wheel, --no-deps, before the gate
+#   --regressions        also print the kill table of the injected SGLang regressions
+#                        (conformance/adapters/sglang/regressions.py; about 1 min each on 2 cores)
+#   --out DIR            where the JUnit files go (default out/sglang-gate)
+# Env: SGLANG_VENV (default .venv-sglang; built by conformance/adapters/sglang/install.sh if missing).
+#
+# Stages, each with JUnit:
+#   1. fit probe (conformance/adapters/sglang/fit.py): every SGLang constructor, method and
+#      attribute the adapter uses. A misfit prints "the adapter does not fit this SGLang:
+#      <name>" and the gate exits 3: an API change is not a contract violation.
+#   2. conformance, per adapter configuration (CONFIGS below), every check kept going past
+#      each violation, with the adapter's expected-failures file: a violation whose
+#      signature is not in it fails the gate (exit 1); a listed one that no longer occurs
+#      is printed as XPASS (the file serves every configuration, so a signature only one
+#      configuration reaches shows as XPASS in the other: information, not a failure).
+# Exit: 0 passed; 1 a new violation (or a regression survived, with --regressions); 3 no fit.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ADAPTER="$REPO/conformance/adapters/sglang"
+VENV="${SGLANG_VENV:-$REPO/.venv-sglang}"
+OUT="$REPO/out/sglang-gate"
+SOURCE=""
+REGRESSIONS=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --sglang-source) SOURCE="$2"; shift 2 ;;
+    --regressions) REGRESSIONS=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    *) echo "usage: $0 [--sglang-source DIR] [--regressions] [--out DIR]" >&2; exit 2 ;;
+  esac
+done
+# Adapter configurations the gate holds SGLang to (factory options; one JUnit file each):
+# the default sizes, and small pools where running out is common (regressions.CONFIGURATIONS).
+CONFIGS=("l1_pages=16 l2_pages=32 page_size=4" "l1_pages=6 l2_pages=6 max_requests=3")
+
+start=$(date +%s)
+if [[ ! -x "$VENV/bin/python" ]]; then
+  SGLANG_VENV="$VENV" bash "$ADAPTER/install.sh"
+fi
+PY="$VENV/bin/python"
+if [[ -n "$SOURCE" ]]; then
+  echo "== SGLang from source: $SOURCE"
+  bash "$ADAPTER/install_source.sh" "$SOURCE" "$VENV"
+fi
+export PYTHONPATH="$REPO/src:$REPO:$ADAPTER/stubs${PYTHONPATH:+:$PYTHONPATH}"
+cd "$REPO"
+mkdir -p "$OUT"
+echo "== SGLang under test: $("$PY" -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null)"
+
+echo "== 1. fit probe"
+t=$(date +%s)
+fit=0
+"$PY" -m conformance.adapters.sglang.fit --junitxml "$OUT/fit.xml" 2> >(grep -v -i warn >&2) || fit=$?
+echo "   fit: $(( $(date +%s) - t )) s"
+if [[ $fit -ne 0 ]]; then
+  echo "gate: exit $fit (the adapter does not fit this SGLang; no conformance run)"
+  exit "$fit"
+fi
+
+status=0
+n=0
+for config in "${CONFIGS[@]}"; do
+  n=$((n + 1))
+  echo "== 2.$n conformance: $config"
+  t=$(date +%s)
+  options=()
+  for pair in $config; do options+=(--option "$pair"); done
+  "$PY" -m cacheruntime.cli conformance --runtime conformance.adapters.sglang.adapter:make_runtime "${options[@]}" \
+    --expected "$ADAPTER/expected-failures.toml" --no-shrink --junitxml "$OUT/conformance-$n.xml" \
+    2> >(grep -v -i "warn\|HiCache kv host pool\|torch.cpu.Event" >&2) || status=1
+  echo "   conformance ($config): $(( $(date +%s) - t )) s"
+done
+
+if [[ $REGRESSIONS -eq 1 ]]; then
+  echo "== 3. injected SGLang regressions (kill table)"
+  t=$(date +%s)
+  "$PY" -m conformance.adapters.sglang.regressions 2> >(grep -v -i "warn\|HiCache kv host pool\|torch.cpu.Event" >&2) || status=1
+  echo "   regressions: $(( $(date +%s) - t )) s"
+fi
+
+echo "gate: exit $status in $(( $(date +%s) - start )) s (JUnit in $OUT)"
+exit $status

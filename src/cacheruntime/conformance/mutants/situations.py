@@ -903,5 +903,76 @@ SITUATIONS: dict[str, tuple[str, ...]] = {
     "the slot generations after a restart": ("situation.restart_bumps_every_slot", "family.restart_keeps_live_generations"),
 }
 
-#: Mutants the CI profile does not kill: name -> what it takes to catch it, as far as the spec tells.
-SITUATION_SURVIVORS: dict[str, str] = {}
+#: Mutants the CI profile does not kill (measured 2026-12-01, all four checks, first
+#: violation): name -> what it takes to catch it, as far as the spec tells. Each is a real
+#: bug: tests/runtime/test_situation_mutants.py tells it from the landed runtime with a
+#: directed call sequence.
+SITUATION_SURVIVORS: dict[str, str] = {
+    "runs_compared_sorted": (
+        "needs a ref carrying a real extent's page runs in another order, for an extent of two or more runs (a row "
+        "whose page names are not consecutive: pages allocated while another request's were); spec section 3: runs "
+        "that differ from those issued are UnknownHandle"
+    ),
+    "runs_compared_as_pages": (
+        "needs a ref naming a real extent's pages cut into other runs (PageRun(n, 2) sent as PageRun(n, 1), "
+        "PageRun(n + 1, 1)); the forgeries drawn seem to name other pages altogether"
+    ),
+    "retain_without_epoch": (
+        "needs, after a restart, a new extent whose generation and runs equal an old-epoch ref's (the model's "
+        "numbering starts over: section 2.2), then retain of the old ref: StaleHandle by its epoch (section 3, check 2)"
+    ),
+    "cancel_executed_not_prepared": "needs cancel_batch of a batch already executed (section 4.6: AlreadyExecuted); the CI profile seems to cancel only prepared or cancelled batches",
+    "split_tail_from_second_page": (
+        "needs a split of an extent of 3 or more pages at at_page >= 2 (issue 14: no split of an extent of 3 or more "
+        "pages in the CI profile); the second half then names the wrong pages"
+    ),
+    "drop_checks_first_page_resident": (
+        "needs a Drop of an extent whose first page has a device copy and a later page has none: two overlapping "
+        "extents of one row, the shorter (over the later page) backed up and demoted"
+    ),
+    "plan_backup_unchecked": (
+        "needs a Backup intent in an execute_batch that needs more host pages than are free (OutOfPages(L2) at "
+        "execute, section 4.5): many host pages in use at once, which the CI profile does not reach"
+    ),
+    "submit_restore_counts_resident": (
+        "needs a submitted Restore of an extent with some or all pages still on the device while fewer device pages "
+        "are free than the extent has pages: a spurious OutOfPages(L1)"
+    ),
+    "plan_needed_without_restores": (
+        "needs OutOfPages(L1) from a plan that contains a Restore of pages without a device copy (issue 14: never "
+        "reached in the CI profile); only `needed` is wrong"
+    ),
+    "host_pool_sized_as_device": (
+        "needs more than 12 host pages (the device pool's size) in use at once and then a Backup (issue 14: at most 3 "
+        "of 24 host pages ever in use in the CI profile)"
+    ),
+    "host_window_16": (
+        "needs a valid host copy on host page 16 or above (16 host page allocations, the free list taken oldest first) "
+        "and then a probe of its tags or a restore of it, or of the page it aliases"
+    ),
+}
+
+#: The check that killed each other mutant in the measured kill table (CI profile, first
+#: violation): trying it first gives the same verdict in less CI time.
+SITUATION_KILLED_BY: dict[str, str] = {
+    "origin_ignores_runtime_id": "core",
+    "batch_found_before_origin": "core",
+    "unknown_batch_not_prepared": "core",
+    "future_generation_stale": "core",
+    "generation_compared_low_bit": "core",
+    "slot_range_inclusive": "core",
+    "missing_extent_stale": "core",
+    "close_intent_ignores_busy": "tiers",
+    "publish_negative_first_page": "core",
+    "split_shared_off_by_one": "core",
+    "split_at_zero_accepted": "core",
+    "submit_accepts_release": "core",
+    "demote_checks_first_page_backed": "tiers",
+    "plan_restore_counts_resident": "tiers",
+    "attach_counts_attached_pages": "core",
+    "restart_refuses_in_flight": "restart",
+    "restart_leaks_in_flight_pages": "restart",
+    "restart_bumps_every_slot": "restart",
+    "restore_readers_unprotected": "tiers",
+    "restore_waits_same_extent_only": "ordering",
+}

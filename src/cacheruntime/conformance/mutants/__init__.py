@@ -11,7 +11,9 @@ with one wrong public method, a `transaction_class`, an `ordering_class` that le
 wait, or a `memory_class`): the real bugs an engine would have. `local.*` are the first
 ones, a few per invariant; `family.*` (`families.py`, written without reading the suite's
 rules) cover every operation against its error classes and the hard situations, and
-`families.SURVIVORS` lists those the CI profile does not kill yet. `model.*` break the
+`families.SURVIVORS` lists those the CI profile does not kill yet. `situation.*`
+(`situations.py`, written the same way) fill the operation x error-class cells and the
+situations the others leave out, with its own table and `SITUATION_SURVIVORS`. `model.*` break the
 suite's own model runtime (`cacheruntime.conformance.selftest`), so the suite is tested
 even where the runtime does not expose a guard (a corrupted restore, a non-atomic submit,
 a split that keeps its parent).
@@ -24,9 +26,10 @@ import attrs
 from cacheruntime.conformance.mutants import families as _families
 from cacheruntime.conformance.mutants import local as _local
 from cacheruntime.conformance.mutants import model as _model
+from cacheruntime.conformance.mutants import situations as _situations
 from cacheruntime.conformance.target import Target
 
-_FAMILIES = {"local": _local.MUTANTS, "model": _model.MUTANTS, "family": _families.MUTANTS}
+_FAMILIES = {"local": _local.MUTANTS, "model": _model.MUTANTS, "family": _families.MUTANTS, "situation": _situations.MUTANTS}
 
 
 @attrs.frozen

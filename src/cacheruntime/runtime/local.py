@@ -216,7 +216,7 @@ class LocalGPURuntime:
             tokens = layer.run_compute(items, kv_ready, ledger.txn.started, ledger.state.transfers)
         except Exception as error:
             ledger.txn.rollback()
-            failed = ledger.fail(batch.batch_id)
+            failed = ledger.fail_batches(batch.batch_id)
             self._commit()
             raise ComputeFailed(f"the runner raised in batch {batch.batch_id}: {error!r}; batches {list(failed)} failed", failed, repr(error)) from error
         ledger.txn.started = []

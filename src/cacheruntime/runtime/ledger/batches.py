@@ -287,7 +287,7 @@ class Batches(_Base):
             self.write_tags(rows, record.starts, record.ends)
         self.finish_batch(executed.batch_id, BatchState.EXECUTED)
 
-    def fail(self, batch_id: int) -> tuple[int, ...]:
+    def fail_batches(self, batch_id: int) -> tuple[int, ...]:
         """The batch's compute failed (the call's changes were rolled back): it and every later
         prepared batch sharing a request with it, transitively, fail; their ids, ascending.
 

@@ -170,7 +170,7 @@ def judge(runtime: RuntimeInterface, operation: str, arguments: tuple[Any, ...],
         report.raised[type(error).__name__] += 1
         if introspect and runtime.probe() != before:  # type: ignore[attr-defined]
             report.violations.append(Violation("changed", call, f"{type(error).__name__}: {error}"))
-    except Exception as error:  # noqa: BLE001 - an untyped error is exactly what is judged
+    except Exception as error:  # an untyped error is exactly what is judged
         report.raised[type(error).__name__] += 1
         report.violations.append(Violation("untyped", call, f"{type(error).__name__}: {error}"))
     else:

@@ -220,7 +220,7 @@ class LocalGPURuntime:
             self._commit()
             raise ComputeFailed(f"the runner raised in batch {batch.batch_id}: {error!r}; batches {list(failed)} failed", failed, repr(error)) from error
         ledger.txn.started = []
-        ledger.settle(executed)
+        ledger.settle(executed, batch.batch_id)
         self._commit()
         for slot, token in zip(rows, tokens):
             slot.last_output = token

@@ -72,14 +72,13 @@ class CheckedPlan(NamedTuple):
 class Executed(NamedTuple):
     """What `execute` leaves the device layer: the batch, its rows, the restores compute waits for, intents' results."""
 
-    batch_id: int
     record: Batch
     rows: list[Slot]
     first_tags: range | list[int]
     kv_ready: list[int]
     published: tuple[CacheExtentRef, ...]
     tickets: tuple[TransferTicket, ...]
-    written: bool  # the tags, the rows' lengths and the batch's outcome are in the ledger (else `settle` writes them)
+    written: bool = True  # the tags, the rows' lengths and the batch's outcome are in the ledger (else `settle` writes them)
 
 
 class Batches(_Base):
@@ -260,9 +259,9 @@ class Batches(_Base):
         if self.txn.journal is None:
             version = self.state.next_version
             if record.one_token:
-                return Executed(batch.batch_id, record, rows, range(version, version + len(rows)), ready, (), (), False)
+                return Executed(record, rows, range(version, version + len(rows)), ready, (), (), False)
             firsts = list(accumulate(map(operator.sub, record.ends, record.starts), initial=version))[:-1]
-            return Executed(batch.batch_id, record, rows, firsts, ready, (), (), False)
+            return Executed(record, rows, firsts, ready, (), (), False)
         first_tags = self.write_tags(rows, record.starts, record.ends)
         self.finish_batch(batch.batch_id, BatchState.EXECUTED)
         published: list[CacheExtentRef] = []
@@ -274,9 +273,9 @@ class Batches(_Base):
                     published.append(outcome)
                 elif isinstance(outcome, TransferTicket):
                     tickets.append(outcome)
-        return Executed(batch.batch_id, record, rows, first_tags, ready, tuple(published), tuple(tickets), True)
+        return Executed(record, rows, first_tags, ready, tuple(published), tuple(tickets), True)
 
-    def settle(self, executed: Executed) -> None:
+    def settle(self, executed: Executed, batch_id: int) -> None:
         """Compute succeeded: write what `execute` left unwritten (tags, rows' lengths, the outcome)."""
         if executed.written:
             return
@@ -285,7 +284,7 @@ class Batches(_Base):
             self.write_decode_tags(rows, record.starts, record.ends)
         else:
             self.write_tags(rows, record.starts, record.ends)
-        self.finish_batch(executed.batch_id, BatchState.EXECUTED)
+        self.finish_batch(batch_id, BatchState.EXECUTED)
 
     def fail_batches(self, batch_id: int) -> tuple[int, ...]:
         """The batch's compute failed (the call's changes were rolled back): it and every later

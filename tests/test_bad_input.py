@@ -10,10 +10,14 @@ CI runs 1,000 examples per runtime; the deep run is `slow`:
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from cacheruntime.conformance import badinput
+from cacheruntime.conformance.target import model_for
 from cacheruntime.model import ReferenceModel, operation
+from cacheruntime.protocol import RuntimeInfo
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, conformance
 from cacheruntime.runtime.ledger import Ledger
 from cacheruntime.runtime.local import LocalGPURuntime
@@ -21,10 +25,16 @@ from cacheruntime.runtime.local import LocalGPURuntime
 SEED = 20261202
 
 
+@functools.cache
+def conformance_info() -> RuntimeInfo:
+    runtime = conformance()
+    runtime.close()
+    return runtime.info()
+
+
 def model() -> ReferenceModel:
-    """The model sized as the conformance runtime, with its vocabulary."""
-    options = {k: v for k, v in CONFORMANCE_OPTIONS.items() if k != "runner"}
-    return ReferenceModel(**options, vocab_size=conformance().info().vocab_size)
+    """The model sized as the conformance runtime, with its vocabulary (as the suite makes it)."""
+    return model_for(conformance_info())
 
 
 FACTORIES = {"model": model, "local": conformance}
@@ -72,7 +82,11 @@ class RefcountLeak(Ledger):
 
 
 def test_the_checker_reports_untyped_errors():
-    report = badinput.run(lambda: UncheckedSplit(**{k: v for k, v in CONFORMANCE_OPTIONS.items() if k != "runner"}), 300, SEED, "unchecked split")
+    info = conformance_info()
+    sizes = {"runtime_id": info.runtime_id, "page_size": info.page_size, "max_requests": info.max_requests, "max_request_tokens": info.max_request_tokens}
+    report = badinput.run(
+        lambda: UncheckedSplit(**sizes, l1_pages=info.l1_pages, l2_pages=info.l2_pages, vocab_size=info.vocab_size), 300, SEED, "unchecked split"
+    )
     assert report.untyped > 0 and all(v.call.startswith("split(") for v in report.violations), report.summary()
 
 

@@ -81,6 +81,7 @@ class Report:
     examples: int = 0
     raised: Counter[str] = attrs.field(factory=Counter)
     accepted: int = 0
+    accepted_calls: list[str] = attrs.field(factory=list)  # the first few, to read
     violations: list[Violation] = attrs.field(factory=list)
 
     @property
@@ -175,6 +176,8 @@ def judge(runtime: RuntimeInterface, operation: str, arguments: tuple[Any, ...],
         report.violations.append(Violation("untyped", call, f"{type(error).__name__}: {error}"))
     else:
         report.accepted += 1
+        if len(report.accepted_calls) < 20:
+            report.accepted_calls.append(call)
 
 
 def run(factory: Callable[[], RuntimeInterface], examples: int, seed_value: int = 0, name: str = "") -> Report:

@@ -11,7 +11,8 @@ Every call begins a transaction, checks its arguments and preconditions in the m
 order and changes the ledger, commits, and only then touches the device (writes
 ReqToToken, issues transfers); `execute_batch` computes before it commits, so that a
 runner that raises fails the batch (`ComputeFailed`) instead of committing it. Any other
-raised `CacheRuntimeError` leaves the runtime exactly as it was. Control only ever gets the frozen values of `cacheruntime.protocol` (B2).
+raised `CacheRuntimeError` leaves the runtime exactly as it was. Control only ever gets
+the frozen values of `cacheruntime.protocol` (B2).
 
 The parts are the seams where runtimes differ: the contract's freedoms (`numbering`,
 `free_order`, `reporting`, the copy path `memory_class`, the `runner`) are constructor

@@ -111,13 +111,17 @@ class State:
 
     def states(self):
         return (CopyState.ABSENT, CopyState.FILLING, CopyState.VALID, Tier.L1,
-                BatchState.PREPARED, BatchState.EXECUTED, BatchState.CANCELLED)
+                BatchState.PREPARED, BatchState.EXECUTED, BatchState.CANCELLED, BatchState.FAILED)
+
+
+FINISHED_BATCHES_KEPT = 256
+vocab_size = 97
 '''
 
 OPERATIONS = (
     "open_request close_request prepare_batch execute_batch cancel_batch publish split retain release submit "
     "poll_completions wait_completions restart complete_transfer close_slot check_origin check_generation "
-    "drop_holder free_phys take_phys new_pages new_extent start_transfer await_restores report"
+    "drop_holder free_phys take_phys new_pages new_extent start_transfer await_restores report unreserve fail_batches"
 ).split()
 
 

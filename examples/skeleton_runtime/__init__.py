@@ -36,12 +36,14 @@ def make_runtime(
     max_request_tokens: int = 64,
     l1_pages: int = 12,
     l2_pages: int = 24,
+    vocab_size: int = 1 << 20,
 ) -> SkeletonRuntime:
     """A fresh runtime; the suite passes `--option key=value` as keyword arguments.
 
     Pools are small on purpose: out-of-pages, deferred frees and page reuse then happen
     within a few calls. `l2_pages=0` gives a runtime without a host tier, which then
-    claims neither L2 nor the transfer capabilities.
+    claims neither L2 nor the transfer capabilities. Compute writes and reads version
+    tags, not token ids, so the vocabulary is only what `info()` reports.
     """
     return SkeletonRuntime(
         runtime_id=runtime_id,
@@ -50,4 +52,5 @@ def make_runtime(
         max_request_tokens=max_request_tokens,
         l1_pages=l1_pages,
         l2_pages=l2_pages,
+        vocab_size=vocab_size,
     )

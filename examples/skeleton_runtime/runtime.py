@@ -45,11 +45,11 @@ T = TypeVar("T")
 class SkeletonRuntime:
     """A plain-Python cache runtime that implements `RuntimeInterface`, `probe()` and `set_transfer_delay()`."""
 
-    def __init__(self, *, runtime_id: str, page_size: int, max_requests: int, max_request_tokens: int, l1_pages: int, l2_pages: int):
+    def __init__(self, *, runtime_id: str, page_size: int, max_requests: int, max_request_tokens: int, l1_pages: int, l2_pages: int, vocab_size: int):
         claims = {Capability.INTROSPECTION, Capability.RESTART, Capability.TAGGED_COMPUTE}
         if l2_pages:  # transfers exist only with a host tier
             claims |= {Capability.L2, Capability.ASYNC_TRANSFERS, Capability.DELAY_KNOB}
-        self._info = RuntimeInfo(runtime_id, 0, page_size, max_requests, max_request_tokens, l1_pages, l2_pages, frozenset(claims))
+        self._info = RuntimeInfo(runtime_id, 0, page_size, max_requests, max_request_tokens, l1_pages, l2_pages, frozenset(claims), vocab_size=vocab_size)
         self._memory = Memory(page_size, l1_pages, l2_pages)
         self._copier = Copier(self._memory)
         self._ledger = new_epoch(self._info, [0] * max_requests, next_version=1)

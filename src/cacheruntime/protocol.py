@@ -61,6 +61,9 @@ class RuntimeInfo:
     l2_pages: int  # host pool capacity in pages (0 without an L2)
     capabilities: frozenset[Capability]
     page_bytes: int = 0  # KV bytes one page occupies in one tier (all layers, K and V); 0 if none
+    #: Token ids a plan may carry are 0 .. vocab_size-1 (`InvalidArgument` otherwise). No
+    #: default: every runtime knows the vocabulary of the model it runs, and says so.
+    vocab_size: int = attrs.field(kw_only=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -287,6 +290,18 @@ class CacheRuntimeError(Exception):
         super().__init__(f"{what} (fix: {self.fix})" if self.fix else what)
 
 
+class InvalidArgument(CacheRuntimeError):
+    """An argument of the wrong type or out of its range: a float page index, a string slot,
+    `None` for a tuple, a bool for an int, a negative count, a token id outside the vocabulary.
+
+    Checked before everything else (handles included), so an ill-typed call never reaches
+    code that would fail on it half-way; the message names the argument, what it was and
+    what it must be.
+    """
+
+    fix = "pass the types `cacheruntime.protocol` declares: ints for ids, counts and tokens, tuples of its values"
+
+
 class ForeignRuntime(CacheRuntimeError):
     """A handle, ref or plan issued by another runtime was given to this one."""
 
@@ -405,6 +420,20 @@ class NoL2(CacheRuntimeError):
     fix = "check RuntimeInfo.capabilities before asking for tier moves"
 
 
+class ComputeFailed(CacheRuntimeError):
+    """The compute of an executing batch failed: the batch, and every later prepared batch that
+    shares a request with it, are `failed` and have no visible effect (spec/protocol.md §4.5).
+
+    `batches` are the failed batch ids, the executed one first; `cause` is what the runner raised.
+    """
+
+    fix = "prepare the failed items again as a new batch (their rows are as before the batch)"
+
+    def __init__(self, what: str, batches: tuple[int, ...] = (), cause: str = ""):
+        self.batches, self.cause = batches, cause
+        super().__init__(what)
+
+
 class Unsupported(CacheRuntimeError):
     """An optional operation the runtime does not claim in its capabilities."""
 
@@ -433,6 +462,13 @@ class BatchState(enum.StrEnum):
     PREPARED = "prepared"
     EXECUTED = "executed"
     CANCELLED = "cancelled"
+    FAILED = "failed"  # its compute failed (or one it depended on did): no visible effect
+
+
+#: How many finished (executed, cancelled or failed) batches a runtime remembers: the last
+#: this many to finish. An older finished batch's handle is `StaleHandle`, not
+#: `AlreadyExecuted` or `NotPrepared`; so the table of outcomes stays bounded in an epoch.
+FINISHED_BATCHES_KEPT = 256
 
 
 @attrs.frozen

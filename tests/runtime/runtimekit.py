@@ -24,6 +24,7 @@ def twin_model(runtime: LocalGPURuntime) -> ReferenceModel:
         max_request_tokens=info.max_request_tokens,
         l1_pages=info.l1_pages,
         l2_pages=info.l2_pages,
+        vocab_size=info.vocab_size,
     )
 
 

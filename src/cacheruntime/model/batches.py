@@ -9,9 +9,11 @@ applies the plan's intents. Executed and cancelled batches leave only their outc
 
 from __future__ import annotations
 
+from cacheruntime.model.arguments import check_plan_fields
 from cacheruntime.model.extents import Extents
 from cacheruntime.model.records import Batch
 from cacheruntime.protocol import (
+    FINISHED_BATCHES_KEPT,
     AlreadyExecuted,
     BatchCompletion,
     BatchDependency,
@@ -37,12 +39,14 @@ class Batches(Extents):
     """The section that prepares, executes and cancels batches."""
 
     max_request_tokens: int
+    vocab_size: int
 
     def prepare(self, plan: BatchPlan) -> PreparedBatchHandle:
         """PrepareBatch: validate the plan, allocate pages, map prefixes, start restores."""
         st = self.state
         if not isinstance(plan, BatchPlan):
             raise InvalidPlan(f"expected a BatchPlan, got {type(plan).__name__}")
+        check_plan_fields(plan, self.vocab_size)
         if not plan.items:
             raise InvalidPlan("a plan needs at least one item")
         for item in plan.items:
@@ -126,9 +130,13 @@ class Batches(Extents):
                 raise BatchDependency(f"batch {other_id} shares a request with batch {batch_id}")
 
     def finish_batch(self, batch_id: int, state: BatchState) -> None:
-        """The batch is executed or cancelled: only its state and sorted slots are kept."""
+        """The batch is executed, cancelled or failed: only its state and sorted slots are kept,
+        for the last `FINISHED_BATCHES_KEPT` batches to finish (the oldest outcome is forgotten)."""
         record = self.state.batches.pop(batch_id)
-        self.state.finished[batch_id] = (state, tuple(sorted(record.slot_set)))
+        finished = self.state.finished
+        finished[batch_id] = (state, tuple(sorted(record.slot_set)))
+        if len(finished) > FINISHED_BATCHES_KEPT:
+            del finished[next(iter(finished))]
 
     def execute(self, batch: PreparedBatchHandle) -> BatchCompletion:
         """ExecuteBatch: wait for the restores compute reads, compute, then apply the intents."""
@@ -136,8 +144,8 @@ class Batches(Extents):
         state = self.check_batch(batch)
         if state is BatchState.EXECUTED:
             raise AlreadyExecuted(f"batch {batch.batch_id} was executed already")
-        if state is BatchState.CANCELLED:
-            raise NotPrepared(f"batch {batch.batch_id} was cancelled")
+        if state is BatchState.CANCELLED or state is BatchState.FAILED:
+            raise NotPrepared(f"batch {batch.batch_id} was {state}")
         record = st.batches[batch.batch_id]
         self.check_execute_order(batch.batch_id, record)
         results = []
@@ -174,10 +182,16 @@ class Batches(Extents):
         state = self.check_batch(batch)
         if state is BatchState.EXECUTED:
             raise AlreadyExecuted(f"batch {batch.batch_id} was executed; it cannot be cancelled")
-        if state is BatchState.CANCELLED:
-            raise NotPrepared(f"batch {batch.batch_id} was cancelled already")
+        if state is BatchState.CANCELLED or state is BatchState.FAILED:
+            raise NotPrepared(f"batch {batch.batch_id} was {state} already")
         record = st.batches[batch.batch_id]
         self.check_cancel_order(batch.batch_id, record)
+        self.unreserve(record)
+        self.finish_batch(batch.batch_id, BatchState.CANCELLED)
+
+    def unreserve(self, record: Batch) -> None:
+        """Undo a prepared batch's reservations and mappings (cancel, and a failed batch)."""
+        st = self.state
         for slot_id, reserved, item in zip(record.slots, record.start_tokens, record.plan.items):
             slot = st.slots[slot_id]
             keep = -(-reserved // self.page_size)  # the pages the row held: those its reservation covered
@@ -187,4 +201,25 @@ class Batches(Extents):
             slot.reserved_tokens = reserved
             slot.produced -= 1
             slot.appended -= int(item.append_previous_output)
-        self.finish_batch(batch.batch_id, BatchState.CANCELLED)
+
+    def fail_batches(self, batch_id: int) -> tuple[int, ...]:
+        """The prepared batch's compute failed: it and every later prepared batch sharing a request
+        with it (transitively) fail; returns their ids, ascending.
+
+        The restores the batch's compute waited for (O1) completed, as for an executed batch;
+        nothing the batch would have written is visible (no tag, no row length, no intent);
+        each failed batch's reservations are undone as a cancel does, newest first.
+        """
+        st = self.state
+        record = st.batches[batch_id]
+        for slot_id, end in zip(record.slots, record.ends):
+            self.await_restores(st.slots[slot_id].pages[: -(-end // self.page_size)])
+        failed, slots = [batch_id], set(record.slot_set)
+        for other_id in sorted(st.batches):
+            if other_id > batch_id and not slots.isdisjoint(st.batches[other_id].slot_set):
+                failed.append(other_id)
+                slots |= st.batches[other_id].slot_set
+        for other_id in reversed(failed):
+            self.unreserve(st.batches[other_id])
+            self.finish_batch(other_id, BatchState.FAILED)
+        return tuple(failed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from cacheruntime.model.records import Extent, Slot, State
 from cacheruntime.protocol import (
+    FINISHED_BATCHES_KEPT,
     Backup,
     BatchState,
     CacheExtentRef,
@@ -87,6 +88,8 @@ class HandleChecks:
             return BatchState.PREPARED
         finished = self.state.finished.get(batch.batch_id)
         if finished is None:
+            if 0 <= batch.batch_id < self.state.next_batch:
+                raise StaleHandle(f"batch {batch.batch_id} finished longer ago than the last {FINISHED_BATCHES_KEPT} batches; its outcome is forgotten")
             raise UnknownHandle(f"batch {batch.batch_id} was never prepared")
         return finished[0]
 

@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
+from cacheruntime.model.arguments import check_batch_fields, check_extent_fields, check_intents, check_request_fields, require_int
 from cacheruntime.model.batches import Batches
 from cacheruntime.model.extents import Extents
 from cacheruntime.model.handles import HandleChecks
@@ -29,6 +30,7 @@ from cacheruntime.protocol import (
     BatchView,
     CacheExtentRef,
     Capability,
+    ComputeFailed,
     CopyState,
     Demote,
     Drop,
@@ -50,6 +52,10 @@ from cacheruntime.protocol import (
     TransferTicket,
     TransferView,
 )
+
+#: The model's vocabulary when none is given: larger than any tokenizer's, so that a trace of
+#: real token ids runs on it; a runtime under test configures the model with its own.
+MODEL_VOCAB_SIZE = 1 << 20
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -85,7 +91,10 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         max_request_tokens: int = 64,
         l1_pages: int = 16,
         l2_pages: int = 32,
+        vocab_size: int = MODEL_VOCAB_SIZE,
     ):
+        if vocab_size < 1:
+            raise ValueError("vocab_size must be >= 1")
         if page_size < 1 or max_requests < 1 or l1_pages < 1 or l2_pages < 0 or max_request_tokens < page_size:
             raise ValueError("page_size, max_requests, l1_pages >= 1, l2_pages >= 0, max_request_tokens >= page_size")
         self.runtime_id = runtime_id
@@ -94,6 +103,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         self.max_request_tokens = max_request_tokens
         self.l1_pages = l1_pages
         self.l2_pages = l2_pages
+        self.vocab_size = vocab_size
         tags = {Tier.L1: [[0] * page_size for _ in range(l1_pages)], Tier.L2: [[0] * page_size for _ in range(l2_pages)]}
         self.state = fresh_state(0, [0] * max_requests, tags, 1)
 
@@ -119,6 +129,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
             l1_pages=self.l1_pages,
             l2_pages=self.l2_pages,
             capabilities=self.capabilities,
+            vocab_size=self.vocab_size,
         )
 
     # -- request lifecycle -------------------------------------------------------------
@@ -138,6 +149,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
     @operation
     def close_request(self, request: RequestRuntimeHandle) -> None:
         """CloseRequest: close the slot now; the row's pages go with their last holder."""
+        check_request_fields(request)
         self.close_row(request)
 
     # -- two-phase batches ---------------------------------------------------------------
@@ -150,11 +162,35 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
     @operation
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
         """ExecuteBatch: wait for the restores compute reads, compute, then apply the intents."""
+        check_batch_fields(batch)
         return self.execute(batch)
+
+    def fail_compute(self, batch: PreparedBatchHandle) -> None:
+        """FailCompute (environment): `execute_batch` of `batch` whose compute fails; raises `ComputeFailed`.
+
+        Every precondition of `execute_batch` is checked (its intents against the state
+        compute would have left) and raises as there, changing nothing; then the batch and
+        its later dependents fail (`fail_batches`), which is committed and counted as an
+        `execute_batch` call (it crossed the boundary and changed the state) before the
+        error is raised.
+        """
+        saved = self.state
+        self.state = saved.clone()
+        try:
+            check_batch_fields(batch)
+            self.execute(batch)
+            self.state = saved.clone()
+            failed = self.fail_batches(batch.batch_id)
+        except BaseException:
+            self.state = saved
+            raise
+        self.state.calls["execute_batch"] += 1
+        raise ComputeFailed(f"the compute of batch {batch.batch_id} failed; batches {list(failed)} failed with no effect", failed, "injected")
 
     @operation
     def cancel_batch(self, batch: PreparedBatchHandle) -> None:
         """CancelBatch: undo the batch's allocations and mappings; started restores go on."""
+        check_batch_fields(batch)
         self.cancel(batch)
 
     # -- extents -----------------------------------------------------------------------
@@ -162,21 +198,28 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
     @operation
     def publish(self, request: RequestRuntimeHandle, first_page: int, page_count: int) -> CacheExtentRef:
         """Publish: make full pages of a request's row an extent with one reference."""
+        check_request_fields(request)
+        require_int("first_page", first_page)
+        require_int("page_count", page_count)
         return self.publish_pages(Publish(request, first_page, page_count))
 
     @operation
     def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
         """Split: end the extent's only ref and issue refs for its first `at_page` pages and the rest."""
+        check_extent_fields(extent)
+        require_int("at_page", at_page)
         return self.split_extent(extent, at_page)
 
     @operation
     def retain(self, extent: CacheExtentRef) -> None:
         """Retain: add a reference to a live extent."""
+        check_extent_fields(extent)
         self.retain_extent(extent)
 
     @operation
     def release(self, extent: CacheExtentRef) -> None:
         """Release: drop a reference; with the last one the extent ends and its pages lose a holder."""
+        check_extent_fields(extent)
         self.apply_intent(Release(extent))
 
     # -- tier moves --------------------------------------------------------------------
@@ -184,6 +227,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
     @operation
     def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
         """Submit: apply standalone tier intents in order; a ticket per Backup and Restore."""
+        check_intents("submit's intents", intents)
         tickets = []
         for intent in intents:
             if not isinstance(intent, (Backup, Restore, Demote, Drop)):
@@ -232,6 +276,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
             self.l1_pages,
             self.l2_pages,
             self.capabilities,
+            vocab_size=self.vocab_size,
         )
 
     # -- environment -------------------------------------------------------------------

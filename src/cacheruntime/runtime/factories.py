@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cacheruntime.runtime.device.runner import DecoderConfig
 from cacheruntime.runtime.local import LocalGPURuntime
 
 
@@ -25,6 +26,9 @@ CONFORMANCE_OPTIONS: dict[str, Any] = {
     "l1_pages": 12,
     "l2_pages": 24,
     "runner": "tagging",
+    # The tagging runner reads no token ids, so its vocabulary is only what info() reports:
+    # 100 holds every token id the conformance suite's plans carry (0 .. 99).
+    "config": DecoderConfig(vocab=100),
 }
 
 

@@ -7,10 +7,12 @@ A thin facade over two parts (docs/architecture.md):
 - `device_layer` (`cacheruntime.runtime.device`): KV memory, ReqToToken, streams and
   events, the runner, the D2H throttle and the ordering points O1/O2.
 
-Every call begins a transaction, checks its preconditions in the model's order and
-changes the ledger, commits, and only then touches the device (writes ReqToToken, issues
-transfers, runs compute). A raised `CacheRuntimeError` leaves the runtime exactly as it
-was. Control only ever gets the frozen values of `cacheruntime.protocol` (B2).
+Every call begins a transaction, checks its arguments and preconditions in the model's
+order and changes the ledger, commits, and only then touches the device (writes
+ReqToToken, issues transfers); `execute_batch` computes before it commits, so that a
+runner that raises fails the batch (`ComputeFailed`) instead of committing it. Any other
+raised `CacheRuntimeError` leaves the runtime exactly as it was. Control only ever gets
+the frozen values of `cacheruntime.protocol` (B2).
 
 The parts are the seams where runtimes differ: the contract's freedoms (`numbering`,
 `free_order`, `reporting`, the copy path `memory_class`, the `runner`) are constructor
@@ -20,16 +22,13 @@ overrides one public method.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 from cacheruntime.protocol import (
     AbstractState,
     BatchCompletion,
     BatchPlan,
     CacheExtentRef,
     Capability,
+    ComputeFailed,
     OutOfSlots,
     PreparedBatchHandle,
     Publish,
@@ -50,40 +49,9 @@ from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS
 from cacheruntime.runtime.ledger import FreeOrder, Ledger, Numbering, Reporting
 from cacheruntime.runtime.ledger.batches import item_results
 from cacheruntime.runtime.ledger.choices import MODEL_NUMBERING
+from cacheruntime.runtime.ledger.transaction import operation
 
 __all__ = ["D2H_ISSUE_POINTS", "LocalGPURuntime"]
-
-_Call = TypeVar("_Call", bound=Callable[..., Any])
-
-
-def operation(*, journal: bool = True) -> Callable[[_Call], _Call]:
-    """Run a boundary call as a transaction; keep its changes only if it succeeds.
-
-    The call commits (`_commit`) once every precondition held and before it touches the
-    device; a call without device work is committed on return. `journal=False` is for the
-    calls whose every check precedes their first change: a failure finds nothing to undo.
-    """
-
-    def wrap(method: _Call) -> _Call:
-        name = method.__name__
-
-        @functools.wraps(method)
-        def call(self: LocalGPURuntime, *args: Any, **kwargs: Any) -> Any:
-            txn = self.ledger.txn
-            txn.begin(name, journal)
-            try:
-                result = method(self, *args, **kwargs)
-            except BaseException:
-                if not txn.committed:
-                    txn.rollback()
-                raise
-            if not txn.committed:
-                self._commit()
-            return result
-
-        return call  # type: ignore[return-value]
-
-    return wrap
 
 
 class LocalGPURuntime:
@@ -148,6 +116,7 @@ class LocalGPURuntime:
             free_order=FreeOrder(free_order),
             reporting=Reporting(reporting),
             seed=seed,
+            vocab_size=(config or DecoderConfig()).vocab,
         )
 
     # -- info, test knobs, reference compute ---------------------------------------------
@@ -172,6 +141,7 @@ class LocalGPURuntime:
             l2_pages=self.l2_pages,
             capabilities=self.capabilities,
             page_bytes=self.device_layer.memory.page_bytes,
+            vocab_size=self.ledger.vocab_size,
         )
 
     @operation(journal=False)
@@ -232,17 +202,27 @@ class LocalGPURuntime:
 
     @operation(journal=False)
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
-        """Wait for the restores compute reads (O1), compute, apply the intents, return outputs."""
+        """Wait for the restores compute reads (O1), compute, apply the intents, return outputs.
+
+        The call commits only after compute succeeded; if the runner raises, the call's
+        changes are rolled back and the batch fails instead (`ComputeFailed`, §4.5).
+        """
         ledger, layer = self.ledger, self.device_layer
         executed = ledger.execute(batch)
         launched = layer.launched
         kv_ready = [launched[t] for t in executed.kv_ready if t in launched]
-        started = ledger.txn.started
-        self._commit()
         record, rows = executed.record, executed.rows
         items = ComputeBatch(record.slots, record.starts, record.ends, executed.first_tags, record.plan.items, rows)
-        tokens = layer.run_compute(items, kv_ready, started, ledger.state.transfers)
+        try:
+            tokens = layer.run_compute(items, kv_ready, ledger.txn.started, ledger.state.transfers)
+        except Exception as error:
+            ledger.txn.rollback()
+            failed = ledger.fail_batches(batch.batch_id)
+            self._commit()
+            raise ComputeFailed(f"the runner raised in batch {batch.batch_id}: {error!r}; batches {list(failed)} failed", failed, repr(error)) from error
         ledger.txn.started = []
+        ledger.settle(executed, batch.batch_id)
+        self._commit()
         for slot, token in zip(rows, tokens):
             slot.last_output = token
         return BatchCompletion(batch, item_results(record.requests, record.ends, tokens), executed.published, executed.tickets)

@@ -177,7 +177,11 @@ class DeviceLayer:
         self.req_to_token.write(self.compute, slots, page_index, phys)
 
     def run_compute(self, items: ComputeBatch, kv_ready: list[Launched], started: list[int], transfers: dict[int, Transfer]) -> list[int]:
-        """Run the batch after its restores (O1); record the compute event; launch the transfers `started`."""
+        """Run the batch after its restores (O1); record the compute event; launch the transfers `started`.
+
+        A runner that raises (at once on CUDA, at its result on CPU) raises here before any
+        of `started` is launched, so the failed batch's intents never reach a stream.
+        """
         self.ordering.wait_kv_ready(self.compute, [launched.event for launched in kv_ready])
         runner, memory, table = self.runner, self.memory, self.req_to_token.table
         result = self.compute.submit(lambda: runner.forward(memory, table, items))
@@ -187,6 +191,8 @@ class DeviceLayer:
             # event its D2H waits for (O2) is still the previous batch's: it runs under this compute.
             self.pump(1)
         self.compute_event = self.compute.record()
+        if started:
+            result.result()  # the runner's error, if any, before the batch's backups are issued
         self.launch_all(started, transfers)
         if issue == "after_compute":
             self.pump(1)  # waits for this batch's compute event

@@ -15,10 +15,11 @@ import operator
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cacheruntime.protocol import (
+    FINISHED_BATCHES_KEPT,
     AlreadyExecuted,
     BatchDependency,
     BatchItem,
@@ -39,6 +40,7 @@ from cacheruntime.protocol import (
     TransferKind,
     TransferTicket,
 )
+from cacheruntime.runtime.ledger.arguments import batch_fields, intents_fields, items_fields
 from cacheruntime.runtime.ledger.decode import Mapping
 from cacheruntime.runtime.ledger.records import Batch, Slot
 
@@ -76,6 +78,7 @@ class Executed(NamedTuple):
     kv_ready: list[int]
     published: tuple[CacheExtentRef, ...]
     tickets: tuple[TransferTicket, ...]
+    written: bool = True  # the tags, the rows' lengths and the batch's outcome are in the ledger (else `settle` writes them)
 
 
 class Batches(_Base):
@@ -86,6 +89,10 @@ class Batches(_Base):
         if not isinstance(plan, BatchPlan):
             raise InvalidPlan(f"expected a BatchPlan, got {type(plan).__name__}")
         items = plan.items
+        known = self.validated
+        if known is None or known.items is not items:  # a plan the decode cache holds was checked already
+            items_fields(items, self.vocab_size)
+        intents_fields("BatchPlan.intents", plan.intents)
         if not items:
             raise InvalidPlan("a plan needs at least one item")
         handles = self.item_handles(items, plan.intents)
@@ -206,11 +213,11 @@ class Batches(_Base):
         return mapping
 
     def check_execute_once(self, batch: PreparedBatchHandle, state: BatchState) -> None:
-        """O4: executed or cancelled batches do not execute."""
+        """O4: executed, cancelled or failed batches do not execute."""
         if state is BatchState.EXECUTED:
             raise AlreadyExecuted(f"batch {batch.batch_id} was executed already")
-        if state is BatchState.CANCELLED:
-            raise NotPrepared(f"batch {batch.batch_id} was cancelled")
+        if state is BatchState.CANCELLED or state is BatchState.FAILED:
+            raise NotPrepared(f"batch {batch.batch_id} was {state}")
 
     def check_execute_order(self, batch: PreparedBatchHandle, slot_set: frozenset[int]) -> None:
         """OutOfOrder: an earlier prepared batch shares a request (scenario 8)."""
@@ -225,7 +232,13 @@ class Batches(_Base):
                 raise BatchDependency(f"batch {other_id} shares a request with batch {batch.batch_id}")
 
     def execute(self, batch: PreparedBatchHandle) -> Executed:
-        """Complete the restores compute reads, write the computed tokens' tags, apply the intents."""
+        """Complete the restores compute reads, write the computed tokens' tags, apply the intents.
+
+        Without intents that can fail (none but restores), nothing is journaled: then the
+        tags, the rows' lengths and the outcome are written by `settle` once compute has
+        succeeded, so that a compute failure finds nothing of the batch's to undo.
+        """
+        batch_fields(batch)
         record = self.check_batch(batch)
         self.check_execute_once(batch, record.state if isinstance(record, Batch) else record[0])
         assert isinstance(record, Batch)
@@ -243,11 +256,13 @@ class Batches(_Base):
                 if not restoring.isdisjoint(read):
                     ready += self.await_restores(set(read))
                     restoring = self.restoring_pages()
-        first_tags: range | list[int]
-        if self.fast_path and record.one_token and self.txn.journal is None:
-            first_tags = self.write_decode_tags(rows, record.starts, record.ends)
-        else:
-            first_tags = self.write_tags(rows, record.starts, record.ends)
+        if self.txn.journal is None:
+            version = self.state.next_version
+            if record.one_token:
+                return Executed(record, rows, range(version, version + len(rows)), ready, (), (), False)
+            firsts = list(accumulate(map(operator.sub, record.ends, record.starts), initial=version))[:-1]
+            return Executed(record, rows, firsts, ready, (), (), False)
+        first_tags = self.write_tags(rows, record.starts, record.ends)
         self.finish_batch(batch.batch_id, BatchState.EXECUTED)
         published: list[CacheExtentRef] = []
         tickets: list[TransferTicket] = []
@@ -258,7 +273,42 @@ class Batches(_Base):
                     published.append(outcome)
                 elif isinstance(outcome, TransferTicket):
                     tickets.append(outcome)
-        return Executed(record, rows, first_tags, ready, tuple(published), tuple(tickets))
+        return Executed(record, rows, first_tags, ready, tuple(published), tuple(tickets), True)
+
+    def settle(self, executed: Executed, batch_id: int) -> None:
+        """Compute succeeded: write what `execute` left unwritten (tags, rows' lengths, the outcome)."""
+        if executed.written:
+            return
+        record, rows = executed.record, executed.rows
+        if self.fast_path and record.one_token:
+            self.write_decode_tags(rows, record.starts, record.ends)
+        else:
+            self.write_tags(rows, record.starts, record.ends)
+        self.finish_batch(batch_id, BatchState.EXECUTED)
+
+    def fail_batches(self, batch_id: int) -> tuple[int, ...]:
+        """The batch's compute failed (the call's changes were rolled back): it and every later
+        prepared batch sharing a request with it, transitively, fail; their ids, ascending.
+
+        The restores its compute waited for (O1) are complete, as for an executed batch;
+        nothing the batch would have written is in the ledger; every failed batch's
+        reservations are undone as `cancel` undoes them, newest first.
+        """
+        batches, ps = self.state.batches, self.page_size
+        record = batches[batch_id]
+        for slot_id, end in zip(record.slots, record.ends):
+            read = self.state.slots[slot_id].pages[: -(-end // ps)]
+            if not self.restoring_pages().isdisjoint(read):
+                self.await_restores(set(read))
+        failed, slots = [batch_id], set(record.slot_set)
+        for other_id in sorted(batches):
+            if other_id > batch_id and not slots.isdisjoint(batches[other_id].slot_set):
+                failed.append(other_id)
+                slots |= batches[other_id].slot_set
+        for other_id in reversed(failed):
+            self.unreserve(batches[other_id])
+            self.finish_batch(other_id, BatchState.FAILED)
+        return tuple(failed)
 
     def write_tags(self, rows: list[Slot], starts: list[int], ends: list[int]) -> list[int]:
         """Give every computed token the next version tag, in its page and its device copy (D1); journaled."""
@@ -291,33 +341,57 @@ class Batches(_Base):
 
     def cancel(self, batch: PreparedBatchHandle) -> None:
         """Undo the batch's reservations and mappings; restores it started go on."""
+        batch_fields(batch)
         record = self.check_batch(batch)
         state = record.state if isinstance(record, Batch) else record[0]
         if state is BatchState.EXECUTED:
             raise AlreadyExecuted(f"batch {batch.batch_id} was executed; it cannot be cancelled")
-        if state is BatchState.CANCELLED:
-            raise NotPrepared(f"batch {batch.batch_id} was cancelled already")
+        if state is BatchState.CANCELLED or state is BatchState.FAILED:
+            raise NotPrepared(f"batch {batch.batch_id} was {state} already")
         assert isinstance(record, Batch)
         self.check_cancel_order(batch, record.slot_set)
+        self.unreserve(record)
+        self.finish_batch(batch.batch_id, BatchState.CANCELLED)
+
+    def unreserve(self, record: Batch) -> None:
+        """Undo a prepared batch's reservations and mappings (`cancel`, and `fail`); journaled."""
         for slot_id, item, reserved in zip(record.slots, record.plan.items, record.start_tokens):
             slot = self.state.slots[slot_id]
             self.drop_row(slot, -(-reserved // self.page_size))  # the row keeps the pages its reservation covered
+            self.txn.undo(functools.partial(_set_reservation, slot, slot.reserved_tokens, slot.produced, slot.appended))
             slot.reserved_tokens = reserved
             slot.produced -= 1
             slot.appended -= int(item.append_previous_output)
-        self.finish_batch(batch.batch_id, BatchState.CANCELLED)
 
     def finish_batch(self, batch_id: int, state: BatchState) -> None:
-        """The batch is executed or cancelled: keep only its outcome (state and sorted slots)."""
+        """The batch is executed, cancelled or failed: keep only its outcome (state and sorted slots),
+        for the last `FINISHED_BATCHES_KEPT` batches to finish; the oldest outcome is forgotten."""
         st = self.state
         record = st.batches.pop(batch_id)
-        st.finished[batch_id] = (state, self.sorted_slots(record.slot_set))
-        self.txn.undo(lambda: _unfinish(st.batches, st.finished, batch_id, record))
+        finished = st.finished
+        finished[batch_id] = (state, self.sorted_slots(record.slot_set))
+        self.txn.undo(lambda: _unfinish(st.batches, finished, batch_id, record))
+        if len(finished) > FINISHED_BATCHES_KEPT:
+            oldest = next(iter(finished))
+            outcome = finished.pop(oldest)
+            self.txn.undo(lambda: _unforget(finished, oldest, outcome))
 
 
 def _unfinish(batches: dict[int, Batch], finished: dict[int, Any], batch_id: int, record: Batch) -> None:
     del finished[batch_id]
     batches[batch_id] = record
+
+
+def _unforget(finished: dict[int, Any], batch_id: int, outcome: Any) -> None:
+    """Put a forgotten outcome back as the oldest (a dict cannot insert at its front)."""
+    rest = list(finished.items())
+    finished.clear()
+    finished[batch_id] = outcome
+    finished.update(rest)
+
+
+def _set_reservation(slot: Slot, reserved_tokens: int, produced: int, appended: int) -> None:
+    slot.reserved_tokens, slot.produced, slot.appended = reserved_tokens, produced, appended
 
 
 def _restore_tags(versions: array[int], offset: int, tags: list[int], at: int, old_versions: array[int], old_tags: list[int]) -> None:

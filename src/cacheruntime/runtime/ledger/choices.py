@@ -36,6 +36,10 @@ class Numbering:
         if self.stride < 1 or min(self.first_page, self.first_extent, self.first_batch, self.first_transfer) < 0:
             raise ValueError("numbering: first values must be >= 0 and the stride >= 1")
 
+    def issued_batch(self, batch_id: int, next_batch: int) -> bool:
+        """Whether this epoch has prepared batch `batch_id` (forgotten once older than the finished window)."""
+        return self.first_batch <= batch_id < next_batch and (batch_id - self.first_batch) % self.stride == 0
+
     def issued_extent(self, generation: int, next_extent: int) -> bool:
         """Whether this epoch has issued extent `generation` (it is stale once released or split)."""
         return self.first_extent <= generation < next_extent and (generation - self.first_extent) % self.stride == 0

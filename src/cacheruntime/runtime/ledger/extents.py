@@ -34,6 +34,7 @@ from cacheruntime.protocol import (
     TransferTicket,
     WouldLoseData,
 )
+from cacheruntime.runtime.ledger.arguments import extent_fields, int_argument, intents_fields, request_fields
 from cacheruntime.runtime.ledger.records import Extent, Slot, State
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ class Extents(_Base):
 
     def publish_pages(self, intent: Publish) -> CacheExtentRef:
         """Make full, computed pages of a row an extent with one reference."""
+        request_fields(intent.request)
+        int_argument("first_page", intent.first_page)
+        int_argument("page_count", intent.page_count)
         slot = self.check_slot(intent.request)
         full = slot.num_tokens // self.page_size
         if intent.page_count < 1 or intent.first_page < 0 or intent.first_page + intent.page_count > full:
@@ -72,6 +76,8 @@ class Extents(_Base):
 
     def split_extent(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
         """Retire the extent's only ref; issue refs for its first `at_page` pages and the rest."""
+        extent_fields(extent)
+        int_argument("at_page", at_page)
         record = self.check_extent(extent)
         if record.refcount != 1:
             raise ExtentShared(f"extent {extent.generation} has {record.refcount} references")
@@ -84,6 +90,7 @@ class Extents(_Base):
 
     def retain_extent(self, extent: CacheExtentRef) -> None:
         """Add a reference to a live extent."""
+        extent_fields(extent)
         record = self.check_extent(extent)
         record.refcount += 1
         self.txn.undo(lambda: _add_refs(record, -1))
@@ -108,6 +115,7 @@ class Extents(_Base):
 
     def close_row(self, request: RequestRuntimeHandle) -> None:
         """Close the request's slot now; the row's pages go with their last holder (deferred if in flight)."""
+        request_fields(request)
         slot = self.check_slot(request)
         self.check_not_busy(request)
         self.close_slot(slot)
@@ -161,6 +169,7 @@ class Extents(_Base):
 
     def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
         """Standalone tier intents: every handle first, then each intent in order; a ticket per Backup and Restore."""
+        intents_fields("submit's intents", intents)
         for intent in intents:
             if not isinstance(intent, (Backup, Restore, Demote, Drop)):
                 raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")

@@ -11,6 +11,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from cacheruntime.protocol import (
+    FINISHED_BATCHES_KEPT,
     Backup,
     BatchItem,
     CacheExtentRef,
@@ -29,6 +30,7 @@ from cacheruntime.protocol import (
     StaleHandle,
     UnknownHandle,
 )
+from cacheruntime.runtime.ledger.arguments import extent_fields
 from cacheruntime.runtime.ledger.records import Batch, Extent, Slot
 
 if TYPE_CHECKING:
@@ -139,6 +141,8 @@ class HandleChecks(_Base):
             return record
         finished = st.finished.get(batch.batch_id)
         if finished is None:
+            if self.numbering.issued_batch(batch.batch_id, st.next_batch):
+                raise StaleHandle(f"batch {batch.batch_id} finished longer ago than the last {FINISHED_BATCHES_KEPT} batches; its outcome is forgotten")
             raise UnknownHandle(f"batch {batch.batch_id} was never prepared")
         return finished
 
@@ -147,6 +151,7 @@ class HandleChecks(_Base):
         if isinstance(intent, (Publish, Close)):
             self.check_slot(intent.request)
         elif isinstance(intent, (Backup, Restore, Demote, Drop, Release)):
+            extent_fields(intent.extent)
             self.check_extent(intent.extent)
             if not isinstance(intent, Release) and not self.l2_pages:
                 raise NoL2("this runtime has no L2 tier")

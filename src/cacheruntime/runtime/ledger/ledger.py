@@ -85,6 +85,7 @@ class LedgerBase:
         def start_transfer(self, kind: TransferKind, generation: int, pages: list[int]) -> TransferTicket: ...
         def complete_transfer(self, transfer_id: int) -> None: ...
         def restoring_pages(self) -> set[int]: ...
+        def unreserve(self, record: Batch) -> None: ...
         def await_restores(self, pages: set[int]) -> list[int]: ...
 
     def __init__(
@@ -100,8 +101,10 @@ class LedgerBase:
         free_order: FreeOrder = FreeOrder.FIFO,
         reporting: Reporting = Reporting.EAGER,
         seed: int = 0,
+        vocab_size: int = 1 << 20,
     ):
         self.runtime_id = runtime_id
+        self.vocab_size = vocab_size  # token ids a plan may carry: 0 .. vocab_size-1
         self.page_size = page_size
         self.max_request_tokens = max_request_tokens
         self.l2_pages = l2_pages

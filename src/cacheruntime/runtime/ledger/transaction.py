@@ -15,8 +15,10 @@ nothing to undo, and skips the journal's cost on the hot path.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 
 class Transaction:
@@ -66,3 +68,37 @@ class Transaction:
             for step in reversed(journal):
                 step()
         self.started = []
+
+
+_Call = TypeVar("_Call", bound=Callable[..., Any])
+
+
+def operation(*, journal: bool = True) -> Callable[[_Call], _Call]:
+    """Run a boundary call as a transaction; keep its changes only if it succeeds.
+
+    The call commits (`_commit`) once every precondition held and before it touches the
+    device (`execute_batch`: after its compute succeeded, see `LocalGPURuntime.execute_batch`);
+    a call without device work is committed on return. `journal=False` is for the
+    calls whose every check precedes their first change: a failure finds nothing to undo.
+    """
+
+    def wrap(method: _Call) -> _Call:
+        name = method.__name__
+
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            txn = self.ledger.txn
+            txn.begin(name, journal)
+            try:
+                result = method(self, *args, **kwargs)
+            except BaseException:
+                if not txn.committed:
+                    txn.rollback()
+                raise
+            if not txn.committed:
+                self._commit()
+            return result
+
+        return call  # type: ignore[return-value]
+
+    return wrap

@@ -139,7 +139,12 @@ class SGLangRuntime:
         max_request_tokens: int = 64,
         l1_pages: int = 16,
         l2_pages: int = 32,
+        vocab_size: int = 1 << 20,
     ):
+        # SGLang's cache classes never see a vocabulary (token ids reach only the model), so
+        # `vocab_size` is the size of the model these pools would serve, stated as the
+        # protocol asks; the adapter checks no token id against it.
+        self.vocab_size = vocab_size
         self.runtime_id = runtime_id
         self.page_size = page_size
         self.max_requests = max_requests
@@ -181,6 +186,7 @@ class SGLangRuntime:
             self.l1_pages,
             self.l2_pages,
             frozenset(caps),
+            vocab_size=self.vocab_size,
         )
 
     # -- translation -----------------------------------------------------------------------

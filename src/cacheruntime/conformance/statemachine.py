@@ -104,7 +104,7 @@ MISUSE_RULES = frozenset({"close_forged_request", "release_forged_extent", "misu
 #: when it replays a case. The checks with a delay leave these to the tiers check.
 PRESSURE_RULES = frozenset({"fill_host", "hit_under_pressure", "evict_all", "insert_long_prefix"})
 
-#: The rules that draw from bundles (handles returned earlier): left out where a delay makes
+#: The rules that draw from bundles (handles returned earlier): left out where transfers make
 #: what a call returns depend on the clock, as a bundle's size then would (`machine_for`).
 TIMED_LEAVES_OUT = frozenset(
     {
@@ -515,12 +515,13 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     requests = Bundle("requests")
     extents = Bundle("extents")
     batches = Bundle("batches")
-    # Under the delay knob, which calls succeed depends on which transfers completed in time
-    # (deferred frees decide OutOfPages), that is on the clock. Hypothesis must meet the same
-    # draws when it replays a case, so there no rule's validity may depend on the state: the
-    # rules drawing from bundles are left out (`TIMED_LEAVES_OUT`) and preconditions on the
+    # Where transfers run (tier moves), which calls succeed depends on which transfers have
+    # completed (deferred frees decide OutOfPages), that is on the runtime's clock, with the
+    # delay knob or without (a runtime's copy worker). Hypothesis must meet the same draws
+    # when it replays a case, so there no rule's validity may depend on the state: the rules
+    # drawing from bundles are left out (`TIMED_LEAVES_OUT`) and preconditions on the
     # model's state hold always (the rules return early instead).
-    timed = bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities
+    timed = tiers or (bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities)
 
     def when(condition):
         return precondition(lambda self: timed or condition(self))
@@ -906,13 +907,27 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         Machine.submit = submit
 
         @when(lambda self: self.model.state.extents)
-        @rule(i=st.integers(0, 7), moves=st.lists(st.sampled_from([Backup, Demote, Restore, Drop]), min_size=1, max_size=3))
-        def move_extent(self, i, moves):
-            """The tree moves the i-th live extent between tiers (backup then demote: eviction to L2)."""
+        @rule(
+            i=st.integers(0, 7),
+            moves=st.lists(st.sampled_from([Backup, Demote, Restore, Drop]), min_size=1, max_size=3),
+            in_plan=st.booleans(),
+        )
+        def move_extent(self, i, moves, in_plan=False):
+            """The tree moves the i-th live extent between tiers (backup then demote: eviction to L2), through
+            submit or, `in_plan`, as intents of a batch that decodes a live request (applied after compute)."""
             if not self.model.state.extents:
                 return
             extent, _ = self._live_extent(i)
-            self._call("submit", tuple(move(extent) for move in moves))
+            intents = tuple(move(extent) for move in moves)
+            request = self._live_request(i) if in_plan else None
+            if request is None:
+                self._call("submit", intents)
+                return
+            slot = self.model.state.slots[request.slot_id]
+            decode = slot.produced > slot.appended
+            handle = self._call("prepare_batch", BatchPlan((BatchItem(request, () if decode else (1,), append_previous_output=decode),), intents))
+            if handle is not None:
+                self._call("execute_batch", handle)
 
         Machine.move_extent = move_extent
 

@@ -498,6 +498,16 @@ def _describe(problems: list[Problem]) -> str:
     return "; ".join(f"{where}: {what}" for where, what in problems)
 
 
+def _not_a_rule(method):
+    """`method` as a plain method: callable by a reproduction script or a test, never drawn as a rule."""
+
+    def plain(self, *args, **kwargs):
+        return method(self, *args, **kwargs)
+
+    plain.__name__ = method.__name__
+    return plain
+
+
 def machine_for(target: Target | str, options: dict | None = None, check: str = "core") -> type[RuntimeConformance]:
     """The state machine class for one runtime and one check, sized from the runtime's info().
 
@@ -674,15 +684,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @rule(
             i=st.integers(0, 7),
             n=st.integers(1, 2 * ps + 1),
-            how=st.sampled_from(["cancel_then_append", "publish_reserved", "close_older", "cancel_earlier", "execute_then_cancel"]),
+            how=st.sampled_from(["cancel_then_append", "publish_reserved", "close_older", "cancel_earlier", "execute_then_cancel", "attach_reserved"]),
         )
         def pipeline(self, i, n, how):
             """Two-phase scheduling on the i-th live request: batch N is prepared, then, before or after it
             runs, what a scheduler may do next: cancel it and decode anyway (RequestBusy: a cancelled
             batch produced nothing), insert pages only reserved (InvalidPageRun), close a request of an
             older batch while a newer one holds another (RequestBusy), cancel N under a prepared N+1
-            (BatchDependency), or cancel N after it ran (AlreadyExecuted)."""
-            request = self._free_slot(i) if how == "cancel_then_append" else self._live_request(i)
+            (BatchDependency), cancel N after it ran (AlreadyExecuted), or attach a prefix to the row N
+            reserved but has not computed (InvalidPlan)."""
+            request = self._free_slot(i) if how in ("cancel_then_append", "attach_reserved") else self._live_request(i)
             if request is None:
                 return
             first = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n))),)))
@@ -706,6 +717,10 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("execute_batch", first)
                 if newer is not None:
                     self._call("execute_batch", newer)
+            elif how == "attach_reserved":  # the row has tokens reserved, none computed: attach is refused (InvalidPlan)
+                if self.model.state.extents:
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, (1,), (self._live_extent(i)[0],)),)))
+                self._call("execute_batch", first)
             elif how == "cancel_earlier":
                 self._call("prepare_batch", BatchPlan((BatchItem(request, (), append_previous_output=True),)))
                 self._call("cancel_batch", first)
@@ -1146,8 +1161,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         Machine.restart = restart
 
     for name in the_check.leaves_out | (TIMED_LEAVES_OUT if timed else frozenset()):
-        if hasattr(Machine, name):
-            delattr(Machine, name)
+        if hasattr(Machine, name):  # no longer a rule Hypothesis draws; still a method a script can call
+            setattr(Machine, name, _not_a_rule(getattr(Machine, name)))
     Machine.__name__ = Machine.__qualname__ = "RuntimeConformance"
     Machine.target, Machine.check = target, the_check
     return Machine

@@ -667,6 +667,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             extent, _ = self._live_extent(i)
             if how == "split":
                 if self._call("split", extent, max(1, extent.page_count // 2)) is not None:
+                    self._call("retain", extent)
                     self._call("release", extent)
             else:
                 self._call(how, extent)
@@ -724,7 +725,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             elif how == "cancel_earlier":
                 self._call("prepare_batch", BatchPlan((BatchItem(request, (), append_previous_output=True),)))
                 self._call("cancel_batch", first)
-            else:
+            else:  # and another runtime's copy of the handle is refused first (ForeignRuntime)
+                self._call("execute_batch", attrs.evolve(first, runtime_id=rid + "-other"))
                 self._call("execute_batch", first)
                 self._call("cancel_batch", first)
 
@@ -829,11 +831,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     "empty_plan",
                     "open_when_full",
                     "beyond_free_pages",
-                    "empty_item",
-                    "past_row_end",
                     "duplicate_and_unknown_intent",
                     "foreign_after_genuine",
-                    "publish_partial_page",
                     "split_unknown",
                     "foreign_close",
                     "cancel_unprepared",
@@ -842,8 +841,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             i=st.integers(0, 7),
         )
         def misuse(self, forgery, i=0):
-            """One wrong call; the later forgeries put two faults in one call (which is raised is fixed: §3)
-            or a plain plan's error where a fast path may skip a check."""
+            """One wrong call; the later forgeries put two faults in one call (which is raised is fixed: §3);
+            `plain_plan_errors` sends the plain plans' errors through here too."""
             if forgery in ("empty_item", "past_row_end", "duplicate_and_unknown_intent", "foreign_after_genuine", "publish_partial_page"):
                 request = self._live_request(i)
                 if request is None:
@@ -899,6 +898,14 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("retain", CacheExtentRef(rid, 0, 1, (PageRun(0, 1),)))
             else:
                 self._call("execute_batch", PreparedBatchHandle(rid, 0, 0))
+
+        @rule(i=st.integers(0, 7))
+        def plain_plan_errors(self, i):
+            """The errors of plain plans that a fast path may skip, one after another on the i-th live request:
+            an item with nothing to compute beside a plain one (InvalidPlan), a prefill one token past
+            max_request_tokens (RowFull), and a publish of the row's partly written last page (InvalidPageRun)."""
+            for forgery in ("empty_item", "past_row_end", "publish_partial_page"):
+                self.misuse(forgery, i)
 
         @rule(batch=batches, forgery=st.sampled_from(["foreign", "unprepared"]), execute=st.booleans())
         def use_forged_batch(self, batch, forgery, execute):
@@ -1005,6 +1012,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     for slot_id, slot in enumerate(self.model.state.slots):
                         if slot.live and set(pages) & set(slot.pages):
                             self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation))
+                if not demote:  # a tree that evicts before backing up is refused where a page has no host copy (NotBackedUp)
+                    self._call("submit", (Demote(extent),))
                 self._call("submit", (Backup(extent), Demote(extent)) if demote else (Backup(extent),))
 
         Machine.evict_all = evict_all

@@ -122,7 +122,7 @@ MISUSE_RULES = frozenset({"close_forged_request", "release_forged_extent", "misu
 #: when it replays a case. The checks with a delay leave these to the tiers check.
 PRESSURE_RULES = frozenset({"fill_host", "hit_under_pressure", "evict_all", "insert_long_prefix"})
 
-#: The rules that draw from bundles (handles returned earlier): left out where a delay makes
+#: The rules that draw from bundles (handles returned earlier): left out where transfers make
 #: what a call returns depend on the clock, as a bundle's size then would (`machine_for`).
 TIMED_LEAVES_OUT = frozenset(
     {
@@ -554,6 +554,16 @@ def _describe(problems: list[Problem]) -> str:
     return "; ".join(f"{where}: {what}" for where, what in problems)
 
 
+def _not_a_rule(method):
+    """`method` as a plain method: callable by a reproduction script or a test, never drawn as a rule."""
+
+    def plain(self, *args, **kwargs):
+        return method(self, *args, **kwargs)
+
+    plain.__name__ = method.__name__
+    return plain
+
+
 def machine_for(target: Target | str, options: dict | None = None, check: str = "core") -> type[RuntimeConformance]:
     """The state machine class for one runtime and one check, sized from the runtime's info().
 
@@ -571,12 +581,13 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     requests = Bundle("requests")
     extents = Bundle("extents")
     batches = Bundle("batches")
-    # Under the delay knob, which calls succeed depends on which transfers completed in time
-    # (deferred frees decide OutOfPages), that is on the clock. Hypothesis must meet the same
-    # draws when it replays a case, so there no rule's validity may depend on the state: the
-    # rules drawing from bundles are left out (`TIMED_LEAVES_OUT`) and preconditions on the
+    # Where transfers run (tier moves), which calls succeed depends on which transfers have
+    # completed (deferred frees decide OutOfPages), that is on the runtime's clock, with the
+    # delay knob or without (a runtime's copy worker). Hypothesis must meet the same draws
+    # when it replays a case, so there no rule's validity may depend on the state: the rules
+    # drawing from bundles are left out (`TIMED_LEAVES_OUT`) and preconditions on the
     # model's state hold always (the rules return early instead).
-    timed = bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities
+    timed = tiers or (bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities)
 
     def when(condition):
         return precondition(lambda self: timed or condition(self))
@@ -712,6 +723,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             extent, _ = self._live_extent(i)
             if how == "split":
                 if self._call("split", extent, max(1, extent.page_count // 2)) is not None:
+                    self._call("retain", extent)
                     self._call("release", extent)
             else:
                 self._call(how, extent)
@@ -729,15 +741,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @rule(
             i=st.integers(0, 7),
             n=st.integers(1, 2 * ps + 1),
-            how=st.sampled_from(["cancel_then_append", "publish_reserved", "close_older", "cancel_earlier", "execute_then_cancel"]),
+            how=st.sampled_from(["cancel_then_append", "publish_reserved", "close_older", "cancel_earlier", "execute_then_cancel", "attach_reserved"]),
         )
         def pipeline(self, i, n, how):
             """Two-phase scheduling on the i-th live request: batch N is prepared, then, before or after it
             runs, what a scheduler may do next: cancel it and decode anyway (RequestBusy: a cancelled
             batch produced nothing), insert pages only reserved (InvalidPageRun), close a request of an
             older batch while a newer one holds another (RequestBusy), cancel N under a prepared N+1
-            (BatchDependency), or cancel N after it ran (AlreadyExecuted)."""
-            request = self._free_slot(i) if how == "cancel_then_append" else self._live_request(i)
+            (BatchDependency), cancel N after it ran (AlreadyExecuted), or attach a prefix to the row N
+            reserved but has not computed (InvalidPlan)."""
+            request = self._free_slot(i) if how in ("cancel_then_append", "attach_reserved") else self._live_request(i)
             if request is None:
                 return
             first = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n))),)))
@@ -761,10 +774,15 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("execute_batch", first)
                 if newer is not None:
                     self._call("execute_batch", newer)
+            elif how == "attach_reserved":  # the row has tokens reserved, none computed: attach is refused (InvalidPlan)
+                if self.model.state.extents:
+                    self._call("prepare_batch", BatchPlan((BatchItem(request, (1,), (self._live_extent(i)[0],)),)))
+                self._call("execute_batch", first)
             elif how == "cancel_earlier":
                 self._call("prepare_batch", BatchPlan((BatchItem(request, (), append_previous_output=True),)))
                 self._call("cancel_batch", first)
-            else:
+            else:  # and another runtime's copy of the handle is refused first (ForeignRuntime)
+                self._call("execute_batch", attrs.evolve(first, runtime_id=rid + "-other"))
                 self._call("execute_batch", first)
                 self._call("cancel_batch", first)
 
@@ -869,11 +887,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     "empty_plan",
                     "open_when_full",
                     "beyond_free_pages",
-                    "empty_item",
-                    "past_row_end",
                     "duplicate_and_unknown_intent",
                     "foreign_after_genuine",
-                    "publish_partial_page",
                     "split_unknown",
                     "foreign_close",
                     "cancel_unprepared",
@@ -882,8 +897,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             i=st.integers(0, 7),
         )
         def misuse(self, forgery, i=0):
-            """One wrong call; the later forgeries put two faults in one call (which is raised is fixed: §3)
-            or a plain plan's error where a fast path may skip a check."""
+            """One wrong call; the later forgeries put two faults in one call (which is raised is fixed: §3);
+            `plain_plan_errors` sends the plain plans' errors through here too."""
             if forgery in ("empty_item", "past_row_end", "duplicate_and_unknown_intent", "foreign_after_genuine", "publish_partial_page"):
                 request = self._live_request(i)
                 if request is None:
@@ -940,6 +955,14 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             else:
                 self._call("execute_batch", PreparedBatchHandle(rid, 0, 0))
 
+        @rule(i=st.integers(0, 7))
+        def plain_plan_errors(self, i):
+            """The errors of plain plans that a fast path may skip, one after another on the i-th live request:
+            an item with nothing to compute beside a plain one (InvalidPlan), a prefill one token past
+            max_request_tokens (RowFull), and a publish of the row's partly written last page (InvalidPageRun)."""
+            for forgery in ("empty_item", "past_row_end", "publish_partial_page"):
+                self.misuse(forgery, i)
+
         @rule(batch=batches, forgery=st.sampled_from(["foreign", "unprepared"]), execute=st.booleans())
         def use_forged_batch(self, batch, forgery, execute):
             forged = {
@@ -962,13 +985,27 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         Machine.submit = submit
 
         @when(lambda self: self.model.state.extents)
-        @rule(i=st.integers(0, 7), moves=st.lists(st.sampled_from([Backup, Demote, Restore, Drop]), min_size=1, max_size=3))
-        def move_extent(self, i, moves):
-            """The tree moves the i-th live extent between tiers (backup then demote: eviction to L2)."""
+        @rule(
+            i=st.integers(0, 7),
+            moves=st.lists(st.sampled_from([Backup, Demote, Restore, Drop]), min_size=1, max_size=3),
+            in_plan=st.booleans(),
+        )
+        def move_extent(self, i, moves, in_plan=False):
+            """The tree moves the i-th live extent between tiers (backup then demote: eviction to L2), through
+            submit or, `in_plan`, as intents of a batch that decodes a live request (applied after compute)."""
             if not self.model.state.extents:
                 return
             extent, _ = self._live_extent(i)
-            self._call("submit", tuple(move(extent) for move in moves))
+            intents = tuple(move(extent) for move in moves)
+            request = self._live_request(i) if in_plan else None
+            if request is None:
+                self._call("submit", intents)
+                return
+            slot = self.model.state.slots[request.slot_id]
+            decode = slot.produced > slot.appended
+            handle = self._call("prepare_batch", BatchPlan((BatchItem(request, () if decode else (1,), append_previous_output=decode),), intents))
+            if handle is not None:
+                self._call("execute_batch", handle)
 
         Machine.move_extent = move_extent
 
@@ -1031,6 +1068,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     for slot_id, slot in enumerate(self.model.state.slots):
                         if slot.live and set(pages) & set(slot.pages):
                             self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation))
+                if not demote:  # a tree that evicts before backing up is refused where a page has no host copy (NotBackedUp)
+                    self._call("submit", (Demote(extent),))
                 self._call("submit", (Backup(extent), Demote(extent)) if demote else (Backup(extent),))
 
         Machine.evict_all = evict_all
@@ -1187,8 +1226,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         Machine.restart = restart
 
     for name in the_check.leaves_out | (TIMED_LEAVES_OUT if timed else frozenset()):
-        if hasattr(Machine, name):
-            delattr(Machine, name)
+        if hasattr(Machine, name):  # no longer a rule Hypothesis draws; still a method a script can call
+            setattr(Machine, name, _not_a_rule(getattr(Machine, name)))
     Machine.__name__ = Machine.__qualname__ = "RuntimeConformance"
     Machine.target, Machine.check = target, the_check
     return Machine

@@ -1097,7 +1097,7 @@ KILLED_BY: dict[str, str] = {
     "open_slot_loop_short": "core",
     "reopen_keeps_outputs": "restart",
     "close_checks_busy_first": "core",
-    "attach_tests_computed_tokens": "tiers",
+    "attach_tests_computed_tokens": "core",
     "prefill_pages_floor": "core",
     "restore_refuses_filling_host": "tiers",
     "finished_errors_swapped": "core",

@@ -106,9 +106,14 @@ def test_without_probe_the_leak_shows_later_as_an_out_of_pages_count_with_its_fi
     (violation,) = outcome.violations
     assert "R1" not in violation.signature.ids
     assert "OutOfPages" in violation.signature.kind, describe(violation)
-    (free,) = re.findall(r"^  error\.free: runtime (\d+), model (\d+)$", violation.diff, flags=re.M)
-    assert int(free[1]) - int(free[0]) == 1, violation.diff  # exactly the one page lost
-    assert "error.needed" not in violation.diff and "error.tier" not in violation.diff, "only differing fields"
+    # Where the lost page shows depends on the drawn sequence: both sides out of pages with
+    # one page fewer free on the runtime's, or the runtime out of pages where the model is not.
+    free = re.findall(r"^  error\.free: runtime (\d+), model (\d+)$", violation.diff, flags=re.M)
+    if free:
+        assert int(free[0][1]) - int(free[0][0]) == 1, violation.diff  # exactly the one page lost
+        assert "error.needed" not in violation.diff and "error.tier" not in violation.diff, "only differing fields"
+    else:
+        assert re.match(r"^  outcome: runtime raises OutOfPages: .*, model returns ", violation.diff), violation.diff
     assert _marked_call(violation.calls) == violation.signature.operation
     assert "raises OutOfPages: L1 needs" in violation.calls.splitlines()[-1]
 

@@ -714,6 +714,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 if other == request:
                     other = self._call("open_request")
                 newer = None if other is None else self._call("prepare_batch", BatchPlan((BatchItem(other, (1,)),)))
+                self._call("close_request", attrs.evolve(request, runtime_id=rid + "-other"))  # handle checks first: ForeignRuntime
                 self._call("close_request", request)
                 self._call("execute_batch", first)
                 if newer is not None:

@@ -1119,7 +1119,7 @@ KILLED_BY: dict[str, str] = {
     "empty_move_never_reported": "tiers",
     "wait_forgets_queued_completions": "tiers",
     "restore_completed_before_backup": "tiers",
-    "restore_waits_for_first_page_only": "ordering",
+    "restore_waits_for_first_page_only": "restart",
     "restart_resets_versions": "restart",
     "restart_keeps_live_generations": "restart",
     "kv_ready_first_restore_only": "ordering",

@@ -1114,7 +1114,7 @@ KILLED_BY: dict[str, str] = {
     "newest_extent_unknown_after_release": "core",
     "release_keeps_record": "core",
     "stale_only_one_generation_back": "core",
-    "deferred_counted_free": "ordering",
+    "deferred_counted_free": "tiers",
     "poll_keeps_queue": "tiers",
     "empty_move_never_reported": "tiers",
     "wait_forgets_queued_completions": "tiers",

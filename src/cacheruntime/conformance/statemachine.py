@@ -770,6 +770,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 if other == request:
                     other = self._call("open_request")
                 newer = None if other is None else self._call("prepare_batch", BatchPlan((BatchItem(other, (1,)),)))
+                self._call("close_request", attrs.evolve(request, runtime_id=rid + "-other"))  # handle checks first: ForeignRuntime
                 self._call("close_request", request)
                 self._call("execute_batch", first)
                 if newer is not None:
@@ -1048,10 +1049,36 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             @rule(i=st.integers(0, 7), n=st.integers(1, ps), drop=st.booleans())
             def hit_while_backing_up(self, i, n, drop):
                 """Scenario 1 again, without a poll: with slow transfers the restore surely waits on the backup
-                (the checks with a delay draw it twice as often as the others)."""
+                (the checks with a delay draw it twice as often as the others); without `drop`, on a prefix
+                a hit extended by one page, so that only its last page is still backing up."""
                 if not self.model.state.extents:
                     return
-                evict_then_hit(self, i, n, False, drop)
+                if drop:
+                    evict_then_hit(self, i, n, False, drop)
+                    return
+                # A hit extends a cached prefix by a page; the longer prefix is evicted and hit again while
+                # only its new page is backing up: the restore must wait for that page's backup.
+                extent, pages = self._live_extent(i)
+                self._call("submit", (Backup(extent),))
+                self._completions("wait_completions")
+                request = self._free_slot(i)
+                missing = any(Tier.L1 not in self.model.state.pages[p].copies for p in pages)
+                plan = BatchPlan((BatchItem(request, tuple(range(ps)), (extent,)),), (Restore(extent),) if missing else ())
+                handle = None if request is None else self._call("prepare_batch", plan)
+                if handle is None or self._call("execute_batch", handle) is None:
+                    return
+                longer = self._call("publish", request, 0, len(pages) + 1)
+                self._call("close_request", request)
+                if longer is None:
+                    return
+                for slot_id, slot in enumerate(self.model.state.slots):
+                    if slot.live and set(pages) & set(slot.pages):
+                        self._call("close_request", RequestRuntimeHandle(rid, self.model.state.epoch, slot_id, slot.generation))
+                self._call("submit", (Backup(longer), Demote(longer)))
+                hit = self._call("open_request")
+                handle = None if hit is None else self._call("prepare_batch", BatchPlan((BatchItem(hit, (1,), (longer,)),), (Restore(longer),)))
+                if handle is not None:
+                    self._call("execute_batch", handle)
 
             Machine.hit_while_backing_up = hit_while_backing_up
 

@@ -10,13 +10,15 @@ suite's measured blind spots. Each is asserted to *survive* every check, so an i
 of the suite that kills one fails here until its entry is removed. A survivor costs a full
 run of every check (about a minute on 2 cores), so those assertions are `slow` runs
 (`pytest -m slow tests/conformance/test_conformance_mutants.py`); CI checks that the list
-is well formed. For the `family` mutants that die, the test tries first the check that
-killed them in the measured table (`families.KILLED_BY`), then the others.
+is well formed. The `situation` family (`situations.SITUATION_SURVIVORS`, written without
+reading the suite) has survivors of its own, held the same way. For the mutants that die,
+the test tries first the check that killed them in the measured table (`KILLED_BY`), then
+the others.
 """
 
 import pytest
 
-from cacheruntime.conformance.mutants import MUTANTS, families
+from cacheruntime.conformance.mutants import MUTANTS, families, situations
 from cacheruntime.conformance.profiles import profile
 from cacheruntime.conformance.runner import run_check
 from cacheruntime.conformance.statemachine import CHECKS
@@ -25,14 +27,18 @@ from cacheruntime.conformance.statemachine import CHECKS
 #: regression of the suite to fix (issue 14), asserted to survive so that its fix is noticed.
 #: (model.restore_before_backup was one until the ordering check drew restores waiting on backups.)
 OTHER_SURVIVORS: dict[str, str] = {}
-SURVIVORS = {f"family.{name}" for name in families.SURVIVORS} | set(OTHER_SURVIVORS)
+SURVIVORS = {f"family.{name}" for name in families.SURVIVORS} | {f"situation.{name}" for name in situations.SITUATION_SURVIVORS} | set(OTHER_SURVIVORS)
+#: The check that killed each mutant in its family's measured table: tried first.
+KILLED_BY = {f"family.{name}": check for name, check in families.KILLED_BY.items()} | {
+    f"situation.{name}": check for name, check in situations.SITUATION_KILLED_BY.items()
+}
 #: Mutants no run of their configuration can tell from the landed runtime (`families.EQUIVALENT`).
 EQUIVALENT = {f"family.{name}" for name in families.EQUIVALENT}
 
 
 def _outcomes(name):
     """Run the checks on mutant `name` until one fails (its known killer first, if any)."""
-    first = families.KILLED_BY.get(name.removeprefix("family.")) if name.startswith("family.") else None
+    first = KILLED_BY.get(name)
     outcomes = []
     for check in sorted(CHECKS, key=lambda check: check != first):
         outcome = run_check(MUTANTS[name].target, check, profile("ci", shrink=False), keep_going=False)
@@ -59,7 +65,7 @@ def test_known_survivor_survives(name):
     killed = outcomes[-1].status == "failed"
     assert not killed, (
         f"{name} ({mutant.how}) is now killed by the {outcomes[-1].check} check: "
-        "remove it from cacheruntime.conformance.mutants.families.SURVIVORS (and add it to KILLED_BY)"
+        "remove it from its family's survivors (families.SURVIVORS or situations.SITUATION_SURVIVORS) and add it to KILLED_BY"
     )
 
 
@@ -69,3 +75,8 @@ def test_survivors_are_listed_mutants_with_reasons():
     assert set(families.KILLED_BY) | set(families.SURVIVORS) | set(families.EQUIVALENT) == set(families.MUTANTS)
     assert len(families.KILLED_BY) + len(families.SURVIVORS) + len(families.EQUIVALENT) == len(families.MUTANTS)
     assert set(families.KILLED_BY.values()) <= set(CHECKS)
+    situation_names = {name.removeprefix("situation.") for name in MUTANTS if name.startswith("situation.")}
+    assert all(reason.strip() for reason in situations.SITUATION_SURVIVORS.values())
+    assert set(situations.SITUATION_KILLED_BY) | set(situations.SITUATION_SURVIVORS) == situation_names
+    assert not set(situations.SITUATION_KILLED_BY) & set(situations.SITUATION_SURVIVORS)
+    assert set(situations.SITUATION_KILLED_BY.values()) <= set(CHECKS)

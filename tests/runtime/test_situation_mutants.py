@@ -16,7 +16,6 @@ import attrs
 import pytest
 
 from cacheruntime import protocol
-
 from cacheruntime.conformance.mutants import MUTANTS, situations
 from cacheruntime.protocol import (
     Backup,

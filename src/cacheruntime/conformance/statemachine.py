@@ -926,12 +926,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                         if handle is not None:
                             self._call("execute_batch", handle)
                     self._call("publish", request, self.model.state.slots[request.slot_id].num_tokens // ps, 1)
+                    handle = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),)))
+                    if handle is not None:  # the row goes back to its length inside the page
+                        self._call("cancel_batch", handle)
             elif forgery == "foreign_close":
                 request = self._live_request(i)
                 if request is not None:
                     self._call("close_request", attrs.evolve(request, runtime_id=rid + "-other"))
             elif forgery == "cancel_unprepared":
                 self._call("cancel_batch", PreparedBatchHandle(rid, self.model.state.epoch, 10**6))
+                self._call("execute_batch", PreparedBatchHandle(rid, self.model.state.epoch, 10**6 + 1))
             elif forgery == "split_unknown":
                 self._call("split", CacheExtentRef(rid, self.model.state.epoch, 10**6, (PageRun(0, 2),)), 1)
             elif forgery == "beyond_free_pages":  # scenario 6: one page more than is free, when some are
@@ -1239,6 +1243,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             restart comes before the batch runs: the restart must drain both."""
             if not self.model.state.calls["execute_batch"]:
                 return
+            stale = None
             if busy and tiers and self.model.state.extents:
                 extent, pages = self._live_extent(i)
                 for slot_id, slot in enumerate(self.model.state.slots):
@@ -1247,8 +1252,10 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("submit", (Backup(extent), Demote(extent)))
                 request = self._call("open_request")
                 if request is not None:  # the batch never runs: its restore, after the backup, is in flight
-                    self._call("prepare_batch", BatchPlan((BatchItem(request, (1,), (extent,)),), (Restore(extent),)))
+                    stale = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,), (extent,)),), (Restore(extent),)))
             self._call("restart")
+            if stale is not None:  # a batch of the old epoch: StaleHandle
+                self._call("execute_batch", stale)
 
         Machine.restart = restart
 

@@ -614,15 +614,22 @@ class SGLangRuntime:
                 acks.pop(0)
                 self.done.append(TransferCompletion(tickets.pop(0)))
 
+    def _report(self) -> tuple[TransferCompletion, ...]:
+        """The collected completions in transfer-id order, as the protocol reports them.
+
+        SGLang acks writes and loads on two queues; merging them by id is translation (the
+        contract's report order), not a check SGLang lacks.
+        """
+        done, self.done = tuple(sorted(self.done, key=lambda c: c.ticket.transfer_id)), []
+        return done
+
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
         self._collect(block=False)
-        done, self.done = tuple(self.done), []
-        return done
+        return self._report()
 
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         self._collect(block=True)
-        done, self.done = tuple(self.done), []
-        return done
+        return self._report()
 
     def restart(self) -> RuntimeInfo:
         raise Unsupported("SGLang's cache classes have no restart epoch (RESTART is not claimed)")

@@ -47,6 +47,12 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
         "execute_batch write or read",
     ),
     (
+        ("contract:retain retain: raises UnknownHandle where the model raises StaleHandle",),
+        "S6 (adapter limitation): tree entries carry no generation, so the adapter matches a ref's page runs against what its "
+        "entry names now; after a split the entry names fewer pages, and a stale ref to it reads as never issued (UnknownHandle) "
+        "where the contract says StaleHandle",
+    ),
+    (
         ("contract:open_request ",),
         "V2: ReqToTokenPool.alloc_rows pops the highest free row (LIFO tail, memory_pool.py:446-449) with a per-row generation; "
         "the contract hands out the lowest free slot with a per-slot generation (determinism, not safety)",

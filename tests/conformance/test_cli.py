@@ -4,7 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from cacheruntime.cli import main
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.ledger import Ledger
+from cacheruntime.runtime.local import LocalGPURuntime
 
 MUTANT = "cacheruntime.conformance.mutants:build"
 
@@ -32,3 +37,35 @@ def test_expected_failure_gates_and_stale_entry_is_reported(tmp_path, capsys):
     assert main([*argv, "--expected", str(expected)]) == 0
     out = capsys.readouterr().out
     assert "XFAIL" in out and "XPASS: expected violation 'R4 release: breaks R4'" in out
+
+
+class RetainBeforeCheck(Ledger):
+    """A ledger whose `retain_extent` counts the reference before checking its argument, unjournaled."""
+
+    def retain_extent(self, extent):
+        record = self.state.extents.get(getattr(extent, "generation", None))
+        if record is not None:
+            record.refcount += 1
+        super().retain_extent(extent)
+
+
+def retain_before_check(**options):
+    """Factory of the bad-input test: the conformance runtime with `RetainBeforeCheck`."""
+    return LocalGPURuntime(**{**CONFORMANCE_OPTIONS, **options}, ledger_class=RetainBeforeCheck)
+
+
+def test_bad_input_fuzz_passes_the_runtime_and_fails_a_ledger_that_changes_state_on_error(capsys):
+    argv = ["conformance", "--runtime", "cacheruntime.runtime.factories:conformance", "--check", "core", "--max-examples", "2", "--bad-input", "60"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^bad-input  passed  seed 0: .*: 60 bad calls; 0 untyped errors, 0 state changes on error", out, flags=re.M), out
+    argv = ["conformance", "--runtime", "test_cli:retain_before_check", "--check", "core", "--max-examples", "2", "--bad-input", "200", "--seed", "3"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "bad-input  FAILED  seed 3: " in out and re.search(r"^  changed\s+retain\(", out, flags=re.M), out
+
+
+def test_bad_input_count_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["conformance", "--runtime", "cacheruntime.runtime.factories:conformance", "--bad-input", "0"])
+    assert exit_.value.code == 2 and "expected a positive integer, got 0" in capsys.readouterr().err

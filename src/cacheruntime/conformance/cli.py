@@ -5,6 +5,7 @@
     cacheruntime conformance --mutants      # kill table of the suite's own mutants
     cacheruntime conformance --legal        # table of the legal variants, which must all pass
     cacheruntime conformance --runtime ... --coverage   # also the named situations reached, per check
+    cacheruntime conformance --runtime ... --bad-input N [--seed S]   # also N ill-typed calls
 
 Exit 0 when every check that ran passed or failed as expected; 1 on a new failure.
 A failure prints the ids it is evidence for and a runnable Python reproduction; with
@@ -27,6 +28,41 @@ from cacheruntime.conformance.statemachine import CHECKS
 from cacheruntime.conformance.target import Target
 
 
+def _positive(text: str) -> int:
+    """A count of at least 1 (argparse reports anything else as a one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+#: Bad-input violations printed in full (the count is always printed).
+SHOWN_BAD_INPUT = 10
+
+
+def run_bad_input(args: argparse.Namespace) -> int:
+    """The bad-input fuzz on the target's runtimes: 1 when any call failed untyped or changed state on error.
+
+    It is not a state-machine check: each example is a fresh runtime brought to a
+    reference state and one corrupted call, so a failure is one call long and the seed
+    reproduces the whole run.
+    """
+    from cacheruntime.conformance import badinput
+
+    target = Target.parse(args.runtime, args.option)
+    report = badinput.run(target.new, args.bad_input, args.seed, name=str(target))
+    verdict = "FAILED" if report.violations else "passed"
+    print(f"\nbad-input  {verdict}  seed {args.seed}: {report.summary()}")
+    for violation in report.violations[:SHOWN_BAD_INPUT]:
+        print(f"  {violation.kind:9} {violation.call} -> {violation.outcome}")
+    if len(report.violations) > SHOWN_BAD_INPUT:
+        print(f"  ... and {len(report.violations) - SHOWN_BAD_INPUT} more")
+    return 1 if report.violations else 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", metavar="MODULE:FACTORY", help="factory returning a fresh runtime")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="factory kwarg (repeatable)")
@@ -40,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--legal", action="store_true", help="run the legal variants through the checks they claim and print the table")
     parser.add_argument("--shrink", action="store_true", help="with --mutants: shrink each kill (slow; steps then minimal)")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing sequence unshrunk (faster gate)")
+    parser.add_argument(
+        "--bad-input",
+        type=_positive,
+        default=0,
+        metavar="N",
+        help="also fuzz N ill-typed and out-of-range calls (cacheruntime.conformance.badinput): each must raise a typed error and change nothing",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --bad-input fuzz (printed with its verdict)")
     parser.add_argument(
         "--coverage", action="store_true", help="also print, per check, how often each named situation was reached (cases and calls); exit 1 below a floor"
     )
@@ -185,8 +229,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.junitxml:
         Path(args.junitxml).parent.mkdir(parents=True, exist_ok=True)
-    if not args.coverage:
-        return run_target(args)
+    status = run_target(args) if not args.coverage else _with_coverage(args)
+    return max(status, run_bad_input(args)) if args.bad_input else status
+
+
+def _with_coverage(args: argparse.Namespace) -> int:
+    """The checks, then the table of named situations they reached; 1 when a check failed or a count is below its floor."""
     from cacheruntime.conformance import coverage
 
     with coverage.recording() as reach:

@@ -6,7 +6,9 @@ and `cacheruntime z3` needs no Java. A subcommand whose extra is not installed (
 hypothesis, z3, ...: see cacheruntime.extras) says in one line which to install. A
 subcommand that sets the default `forward` takes the options it does not know as
 `args.forward` (`cacheruntime bench` hands them to the benchmark). A bad option or value
-is one line on stderr (what was wrong, and where the options are listed) and exit code 2.
+is one line on stderr (what was wrong, and where the options are listed) and exit code 2;
+an error the options could not foresee (a malformed input file, say) is one line and exit
+code 1, and `--debug` anywhere on the line shows its traceback instead.
 """
 
 from __future__ import annotations
@@ -52,21 +54,34 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv  # anywhere on the line: the traceback instead of the one-line error
+    argv = [a for a in argv if a != "--debug"]
     command = next((a for a in argv if not a.startswith("-")), None)
     try:
         parser = build_parser(command if command in SUBCOMMANDS else None)
         args, unknown = parser.parse_known_args(argv)
         if unknown and not hasattr(args, "forward"):
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+            where = f"cacheruntime {args.command}"
+            parser.exit(2, f"{where}: error: unrecognized arguments: {' '.join(unknown)} (see {where} --help)\n")
         if unknown:
             args.forward = unknown
         return int(importlib.import_module(args.module).main(args) or 0)
     except ModuleNotFoundError as error:
         extra = _extra_missing(error)
         if extra is None:
-            raise
+            return _one_line(command, error, debug)
         print(extras.needs(str(command), [extra]), file=sys.stderr)
         return 2
+    except Exception as error:  # what the options could not catch (a malformed input file, ...): one line
+        return _one_line(command, error, debug)
+
+
+def _one_line(command: str | None, error: Exception, debug: bool) -> int:
+    """Report what stopped a subcommand in one line on stderr (exit 1); with `--debug`, raise it for its traceback."""
+    if debug:
+        raise error
+    print(f"cacheruntime {command or ''}: error: {type(error).__name__}: {error} (--debug shows the traceback)", file=sys.stderr)
+    return 1
 
 
 def _extra_missing(error: ModuleNotFoundError) -> str | None:

@@ -35,6 +35,7 @@ from pathlib import Path
 import attrs
 
 from cacheruntime import extras, specfiles
+from cacheruntime.cliargs import factory_name, output_file, positive_int
 
 DEFAULT_RUNTIME = "cacheruntime.runtime.factories:conformance"
 
@@ -180,17 +181,6 @@ def write_junit(results: list[StageResult], path: Path) -> None:
     ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
 
 
-def _positive(text: str) -> int:
-    """A positive int, for `--max-examples`."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not positive: give a number of cases per check, at least 1")
-    return value
-
-
 def _check_name(name: str) -> str:
     """A conformance check's name (the suite is imported only when `--check` is given)."""
     from cacheruntime.conformance.statemachine import CHECKS
@@ -201,12 +191,12 @@ def _check_name(name: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, help=f"MODULE:FACTORY of the runtime under test (default {DEFAULT_RUNTIME})")
+    parser.add_argument("--runtime", type=factory_name, default=DEFAULT_RUNTIME, help=f"MODULE:FACTORY of the runtime under test (default {DEFAULT_RUNTIME})")
     parser.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the runtime factory (repeatable)")
     parser.add_argument("--expected", type=Path, metavar="FILE", help="the conformance suite's TOML expected-failures file")
     parser.add_argument("--profile", choices=("ci", "deep"), default="ci", help="conformance: ci (derandomized, bounded; default) or deep")
     parser.add_argument("--check", action="append", type=_check_name, metavar="NAME", help="conformance: run only this check (repeatable; default every check)")
-    parser.add_argument("--max-examples", type=_positive, metavar="N", help="conformance: cases per check instead of the profile's")
+    parser.add_argument("--max-examples", type=positive_int, metavar="N", help="conformance: cases per check instead of the profile's")
     parser.add_argument(
         "--shrink",
         action=argparse.BooleanOptionalAction,
@@ -215,7 +205,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a different failure; default: no, and print the command that shrinks it locally)",
     )
     parser.add_argument("--skip", action="append", choices=STAGES, help="leave a stage out (repeatable)")
-    parser.add_argument("--junitxml", type=Path, help="write the summary as JUnit XML")
+    parser.add_argument("--junitxml", type=output_file, help="write the summary as JUnit XML")
     specfiles.add_repo_option(parser)
 
 

@@ -18,6 +18,7 @@ import json
 import sys
 import time
 
+from cacheruntime.cliargs import input_file, output_file, positive_int
 from cacheruntime.control.scheduler import MAX_STEP_CALLS, STEP_CALLS, Scheduler, Stats
 from cacheruntime.control.tree import WritePolicy
 from cacheruntime.control.workload import SyntheticConfig, read_trace, synthetic
@@ -26,19 +27,19 @@ from cacheruntime.control.workload import SyntheticConfig, read_trace, synthetic
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of LocalGPURuntime (cpu, cuda, cuda:1, ...)")
     parser.add_argument("--runtime", choices=("local", "model"), default="local", help="LocalGPURuntime or the reference model")
-    parser.add_argument("--trace", metavar="FILE", help="replay a JSONL trace (docs/workload.md) instead of the synthetic workload")
-    parser.add_argument("--requests", type=int, default=36, help="synthetic: number of requests (turns)")
-    parser.add_argument("--turns", type=int, default=3, help="synthetic: turns per conversation")
+    parser.add_argument("--trace", type=input_file, metavar="FILE", help="replay a JSONL trace (docs/workload.md) instead of the synthetic workload")
+    parser.add_argument("--requests", type=positive_int, default=36, help="synthetic: number of requests (turns)")
+    parser.add_argument("--turns", type=positive_int, default=3, help="synthetic: turns per conversation")
     parser.add_argument("--new-tokens", type=int, nargs=2, default=(4, 10), metavar=("MIN", "MAX"), help="synthetic: tokens generated per turn")
     parser.add_argument("--seed", type=int, default=0, help="synthetic workload and model weights")
-    parser.add_argument("--page-size", type=int, default=4, help="tokens per KV page")
-    parser.add_argument("--l1-pages", type=int, default=64, help="device pool pages (small, to force eviction to L2)")
-    parser.add_argument("--l2-pages", type=int, default=512, help="host pool pages")
-    parser.add_argument("--max-requests", type=int, default=4, help="request slots")
-    parser.add_argument("--max-request-tokens", type=int, default=256, help="tokens one request row can hold")
+    parser.add_argument("--page-size", type=positive_int, default=4, help="tokens per KV page")
+    parser.add_argument("--l1-pages", type=positive_int, default=64, help="device pool pages (small, to force eviction to L2)")
+    parser.add_argument("--l2-pages", type=positive_int, default=512, help="host pool pages")
+    parser.add_argument("--max-requests", type=positive_int, default=4, help="request slots")
+    parser.add_argument("--max-request-tokens", type=positive_int, default=256, help="tokens one request row can hold")
     parser.add_argument("--write-policy", choices=[p.value for p in WritePolicy], default=WritePolicy.WRITE_THROUGH.value)
-    parser.add_argument("--max-prefill-tokens", type=int, default=256, help="prompt tokens computed per batch")
-    parser.add_argument("--json", metavar="PATH", help="write the summary as JSON")
+    parser.add_argument("--max-prefill-tokens", type=positive_int, default=256, help="prompt tokens computed per batch")
+    parser.add_argument("--json", type=output_file, metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -153,6 +154,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {value}")
     print(f"output check ({check}): {'ok' if mismatches == 0 else f'{mismatches} mismatches'}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2)
     return 0 if mismatches == 0 else 1

@@ -562,6 +562,10 @@ class AbstractState:
     boundary_calls: tuple[tuple[str, int], ...]  # (operation, count) since the epoch began
 
 
+#: Every `tag_digest` is below this (a Mersenne prime): a TAGGED_COMPUTE runtime's tokens are.
+TAG_DIGEST_MODULUS = 2_147_483_647
+
+
 def tag_digest(tags: tuple[int, ...]) -> int:
     """The token a TAGGED_COMPUTE runtime returns: a digest of the tags compute read.
 
@@ -570,7 +574,7 @@ def tag_digest(tags: tuple[int, ...]) -> int:
     """
     acc = 0
     for tag in tags:
-        acc = (acc * 1_000_003 + tag + 1) % 2_147_483_647
+        acc = (acc * 1_000_003 + tag + 1) % TAG_DIGEST_MODULUS
     return acc
 
 

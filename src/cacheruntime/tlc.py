@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cacheruntime import specfiles
+from cacheruntime.cliargs import input_file, positive_int
 from cacheruntime.tlatools import ToolMissing, find_jar, find_java
 
 TLA_DIR = specfiles.tla_dir()
@@ -205,9 +206,9 @@ def select(manifest: dict, *, deep: bool = False, names: list[str] | None = None
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deep", action="store_true", help="also run the deep models (minutes to hours)")
     parser.add_argument("--model", action="append", metavar="NAME", help="run only this manifest model (repeatable)")
-    parser.add_argument("--workers", type=int, default=2, help="TLC worker threads (default 2)")
+    parser.add_argument("--workers", type=positive_int, default=2, help="TLC worker threads (default 2)")
     specfiles.add_repo_option(parser)
-    parser.add_argument("--manifest", type=Path, default=None, help="the manifest (default: tla/manifest.json of the spec files)")
+    parser.add_argument("--manifest", type=input_file, default=None, help="the manifest (default: tla/manifest.json of the spec files)")
     parser.add_argument("--list", action="store_true", help="list the manifest's models and exit")
     parser.add_argument("--verbose", action="store_true", help="print TLC's output for every model")
 

@@ -21,23 +21,12 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
+from cacheruntime.cliargs import factory, input_file, output_file, positive_int
 from cacheruntime.conformance import expected as expected_file
 from cacheruntime.conformance.profiles import DEFAULT_DATABASE, profile
 from cacheruntime.conformance.runner import Outcome, claims_report, describe, run_check
 from cacheruntime.conformance.statemachine import CHECKS
 from cacheruntime.conformance.target import Target
-
-
-def _positive(text: str) -> int:
-    """A count of at least 1 (argparse reports anything else as a one-line error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
 
 #: Bad-input violations printed in full (the count is always printed).
 SHOWN_BAD_INPUT = 10
@@ -64,21 +53,21 @@ def run_bad_input(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runtime", metavar="MODULE:FACTORY", help="factory returning a fresh runtime")
+    parser.add_argument("--runtime", type=factory, metavar="MODULE:FACTORY", help="factory returning a fresh runtime")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="factory kwarg (repeatable)")
     parser.add_argument("--profile", choices=("ci", "deep"), default="ci", help="ci: derandomized, bounded; deep: randomized, saved")
     parser.add_argument("--database", default=DEFAULT_DATABASE, help="example database directory of the deep profile")
-    parser.add_argument("--max-examples", type=int, default=None, help="override the profile's number of cases per check")
+    parser.add_argument("--max-examples", type=positive_int, default=None, help="override the profile's number of cases per check")
     parser.add_argument("--check", action="append", choices=sorted(CHECKS), help="run only these checks (repeatable)")
-    parser.add_argument("--expected", metavar="FILE", help="TOML expected-failures file")
-    parser.add_argument("--junitxml", metavar="PATH", help="write a JUnit XML report")
+    parser.add_argument("--expected", type=input_file, metavar="FILE", help="TOML expected-failures file")
+    parser.add_argument("--junitxml", type=output_file, metavar="PATH", help="write a JUnit XML report")
     parser.add_argument("--mutants", action="store_true", help="run the suite against its mutants and print the kill table")
     parser.add_argument("--legal", action="store_true", help="run the legal variants through the checks they claim and print the table")
     parser.add_argument("--shrink", action="store_true", help="with --mutants: shrink each kill (slow; steps then minimal)")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing sequence unshrunk (faster gate)")
     parser.add_argument(
         "--bad-input",
-        type=_positive,
+        type=positive_int,
         default=0,
         metavar="N",
         help="also fuzz N ill-typed and out-of-range calls (cacheruntime.conformance.badinput): each must raise a typed error and change nothing",
@@ -111,7 +100,7 @@ def shrink_command(args: argparse.Namespace, check: str) -> str:
     return shlex.join([*argv, "--check", check])
 
 
-def _write_junit(path: str, target: str, outcomes: list[Outcome], entries: tuple[expected_file.Expected, ...]) -> None:
+def _write_junit(path: str | Path, target: str, outcomes: list[Outcome], entries: tuple[expected_file.Expected, ...]) -> None:
     """One testcase per check: failed with its new violations, skipped (with why) when none is new."""
     new = {o.check: expected_file.new_violations(entries, o) for o in outcomes}
     suite = ElementTree.Element(

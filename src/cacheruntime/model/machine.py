@@ -23,6 +23,7 @@ from cacheruntime.model.pages import Pages
 from cacheruntime.model.records import Page, fresh_state
 from cacheruntime.model.transfers import Transfers
 from cacheruntime.protocol import (
+    TAG_DIGEST_MODULUS,
     AbstractState,
     Backup,
     BatchCompletion,
@@ -53,9 +54,11 @@ from cacheruntime.protocol import (
     TransferView,
 )
 
-#: The model's vocabulary when none is given: larger than any tokenizer's, so that a trace of
-#: real token ids runs on it; a runtime under test configures the model with its own.
-MODEL_VOCAB_SIZE = 1 << 20
+#: The model's vocabulary when none is given: every token it returns (a `tag_digest`), so that
+#: control can feed its outputs back as the next turn's input (the main job on the model does),
+#: and larger than any tokenizer's, so that a trace of real token ids runs on it; a runtime
+#: under test configures the model with its own.
+MODEL_VOCAB_SIZE = TAG_DIGEST_MODULUS
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -19,20 +19,22 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+from cacheruntime.cliargs import positive_float, positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=8, help="prove for every tree of up to N nodes (default 8)")
-    parser.add_argument("--pages", type=int, default=8, help="page lists of up to this length for coalesce (default 8)")
-    parser.add_argument("--runs", type=int, default=4, help="run lists of up to this many runs for split (default 4)")
-    parser.add_argument("--generation-bits", type=int, default=32, help="width of the slot generation counter (default 32)")
+    parser.add_argument("--nodes", type=positive_int, default=8, help="prove for every tree of up to N nodes (default 8)")
+    parser.add_argument("--pages", type=positive_int, default=8, help="page lists of up to this length for coalesce (default 8)")
+    parser.add_argument("--runs", type=positive_int, default=4, help="run lists of up to this many runs for split (default 4)")
+    parser.add_argument("--generation-bits", type=positive_int, default=32, help="width of the slot generation counter (default 32)")
     parser.add_argument(
         "--rlimit-scale",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="multiply every check's recorded Z3 resource budget (rlimit) by X; a check that spends it fails (default 1)",
     )
     parser.add_argument("--timeout", help=argparse.SUPPRESS)  # removed: says so in one line instead of a usage error
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="checks run side by side")
+    parser.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="checks run side by side")
     parser.add_argument("--only", action="append", default=[], help="run only the named check (repeatable)")
     parser.add_argument("--mutants", action="store_true", help="also plant the known bugs and print which check kills each")
 

@@ -129,8 +129,12 @@ ERRORS: dict[str, tuple[str, ...]] = {
     "split": ("StaleHandle", "UnknownHandle", "ExtentShared", "InvalidPageRun"),
     "retain": ("StaleHandle", "UnknownHandle"),
     "release": ("ForeignRuntime", "StaleHandle", "UnknownHandle"),
-    "submit": ("StaleHandle", "UnknownHandle", "NotBackedUp", "ExtentInUse", "WouldLoseData", "OutOfPages"),
+    "submit": ("StaleHandle", "UnknownHandle", "NotBackedUp", "ExtentInUse", "WouldLoseData"),
 }
+#: submit's OutOfPages is left out: in the CI profile it is reached or not depending on when
+#: transfers complete (0 to 2 cases of tiers measured across runs on one machine, 2026-12-02),
+#: and a floor that depends on timing is a flaky verdict. A timing-free reach needs the
+#: deterministic stream backend (issue 15, item 2).
 
 #: prepare_batch's NotBackedUp is left out: it needs a page with neither a device nor a host copy,
 #: which Demote (NotBackedUp) and Drop (WouldLoseData) never let an extent's page become.

@@ -46,6 +46,7 @@ class Capability(enum.Enum):
     RESTART = "restart"  # restart() bumps the epoch
     DELAY_KNOB = "delay_knob"  # set_transfer_delay() makes races deterministic
     TAGGED_COMPUTE = "tagged_compute"  # compute writes version tags; next_token = tag_digest
+    SCHEDULE_SEED = "schedule_seed"  # set_schedule_seed() picks the interleaving of copies, compute, completions
 
 
 @attrs.frozen
@@ -637,6 +638,19 @@ class DelayKnob(Protocol):
     """
 
     def set_transfer_delay(self, seconds: float, kind: TransferKind | None = None) -> None: ...
+
+
+@runtime_checkable
+class ScheduleSeed(Protocol):
+    """Optional test-only surface: the seed of the interleaving of copies, compute and completions.
+
+    A runtime that runs its streams under a seeded schedule (SCHEDULE_SEED) meets the same
+    interleaving for the same calls and seed on any machine, so a verdict and its reach
+    do not depend on load; the suite draws one seed per case and prints it in the
+    reproduction.
+    """
+
+    def set_schedule_seed(self, seed: int) -> None: ...
 
 
 #: The operations that cross the boundary once per scheduling step (B1).

@@ -12,6 +12,7 @@ import pytest
 from cacheruntime.cli import main
 from cacheruntime.conformance.variants import VARIANTS, Lanes, build
 from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Capability, Demote, Restore, Tier
+from cacheruntime.runtime.device.simulated import SimEvent
 from cacheruntime.runtime.device.streams import CpuEvent
 from cacheruntime.runtime.factories import conformance
 
@@ -86,7 +87,7 @@ def test_restores_complete_out_of_issue_order(runtimes):
     rt.submit((Demote(first), Demote(second)))
     lanes = rt.device_layer.h2d
     assert isinstance(lanes, Lanes) and lanes.current == 0
-    blocker = CpuEvent()
+    blocker = CpuEvent() if rt.device_layer.schedule is None else SimEvent(rt.device_layer.schedule)
     lanes.streams[0].wait(blocker)  # the first lane stalls (a long copy, say)
     (a, b) = rt.submit((Restore(first), Restore(second)))
     reported = []

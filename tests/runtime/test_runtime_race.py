@@ -9,6 +9,7 @@ still reads it ends with a host copy holding another request's bytes (D1).
 
 from __future__ import annotations
 
+import pytest
 from runtimekit import PS, item, plan, twin_model
 
 from cacheruntime.conformance.mutants.local import ReuseInFlight, SkipKvReadyWait
@@ -19,15 +20,24 @@ from cacheruntime.runtime.local import LocalGPURuntime
 
 DELAY = 0.2
 
+
+@pytest.fixture(params=["threads", "simulated"])
+def streams(request, device) -> str:
+    """Worker threads (CPU) or CUDA streams, and on CPU the simulated streams too, where the knob orders the steps."""
+    if request.param == "simulated" and device != "cpu":
+        pytest.skip("simulated streams run on the CPU only")
+    return request.param
+
+
 #: Mutant: compute does not wait for the restores it reads (O1).
 SkipsKvReady = SkipKvReadyWait
 #: Mutant: a released page goes straight to the free list, even while a transfer uses it (O3).
 FreesInFlight = ReuseInFlight
 
 
-def restore_then_compute(runtime_class, device):
+def restore_then_compute(runtime_class, device, streams):
     """Serve one token over a prefix restored from L2 with slow transfers: (served, model's token)."""
-    rt = runtime_class(device=device, **CONFORMANCE_OPTIONS)
+    rt = runtime_class(device=device, **CONFORMANCE_OPTIONS, streams=streams)
     model = twin_model(rt)
     tokens = []
     for side in (rt, model):
@@ -48,19 +58,19 @@ def restore_then_compute(runtime_class, device):
     return tokens
 
 
-def test_correct_ordering_serves_the_model_token(device):
-    served, expected = restore_then_compute(LocalGPURuntime, device)
+def test_correct_ordering_serves_the_model_token(device, streams):
+    served, expected = restore_then_compute(LocalGPURuntime, device, streams)
     assert served == expected
 
 
-def test_skipping_the_kv_ready_wait_is_observed(device):
-    served, expected = restore_then_compute(SkipsKvReady, device)
+def test_skipping_the_kv_ready_wait_is_observed(device, streams):
+    served, expected = restore_then_compute(SkipsKvReady, device, streams)
     assert served != expected, "compute ran before the H2D landed, yet read the right bytes"
 
 
-def backup_demote_and_reuse(runtime_class, device):
+def backup_demote_and_reuse(runtime_class, device, streams):
     """Demote a prefix while its slow D2H is in flight, then fill L1: the probe after all transfers."""
-    rt = runtime_class(device=device, **CONFORMANCE_OPTIONS)
+    rt = runtime_class(device=device, **CONFORMANCE_OPTIONS, streams=streams)
     h = rt.open_request()
     rt.execute_batch(rt.prepare_batch(plan(item(h, 2 * PS))))
     prefix = rt.publish(h, 0, 2)
@@ -79,11 +89,11 @@ def backup_demote_and_reuse(runtime_class, device):
     return state
 
 
-def test_deferred_free_keeps_the_backup_intact(device):
-    state = backup_demote_and_reuse(LocalGPURuntime, device)
+def test_deferred_free_keeps_the_backup_intact(device, streams):
+    state = backup_demote_and_reuse(LocalGPURuntime, device, streams)
     check_state(state)
 
 
-def test_freeing_a_page_under_a_d2h_is_observed(device):
-    state = backup_demote_and_reuse(FreesInFlight, device)
+def test_freeing_a_page_under_a_d2h_is_observed(device, streams):
+    state = backup_demote_and_reuse(FreesInFlight, device, streams)
     assert D1_copies_hold_last_write(state), "compute overwrote the pages before the D2H read them, yet L2 is right"

@@ -75,6 +75,12 @@ SITUATIONS: tuple[Situation, ...] = (
     Situation("rearranged page runs of a real extent", "a live extent's ref with its runs in another order", _checks("core"), 1),
     Situation("repeated page runs of a real extent", "a live extent's ref with its runs repeated", _checks("core"), 3),
     Situation("multi-page restore waiting on a backup under delay", "a restore of 2+ pages that waits for a backup, transfers slowed", _checks("ordering"), 3),
+    Situation(
+        "restore waiting on another extent's backup",
+        "a restore whose host pages a backup started for another extent (since released) still fills",
+        _checks("ordering"),
+        2,
+    ),
     # what the survivors of the mutant families need (families.SURVIVORS, before this file)
     Situation("close of a request in an older prepared batch", "RequestBusy where the newest prepared batch does not hold the request", _checks("core"), 2),
     Situation("duplicate request and a bad intent handle", "one plan with a request twice and an intent's handle stale or unknown", _checks("core"), 2),
@@ -352,6 +358,8 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
             continue
         if delayed and len(transfer.pages) >= 2 and any(after.transfers[w].kind is TransferKind.BACKUP for w in transfer.waits_for if w in after.transfers):
             add("multi-page restore waiting on a backup under delay")
+        if any(w in after.transfers and after.transfers[w].extent_generation != transfer.extent_generation for w in transfer.waits_for):
+            add("restore waiting on another extent's backup")
         sources = [source for _, source, _ in transfer.pages]
         if sources != sorted(sources):
             add("restore from host pages out of order")

@@ -30,6 +30,7 @@ CROSS_CUTTING = {
     Capability.L2: "tier moves: backup, restore, demote, drop",
     Capability.RESTART: "restart",
     Capability.DELAY_KNOB: "ordering under slow transfers (O1-O3)",
+    Capability.SCHEDULE_SEED: "interleavings drawn per case (set_schedule_seed), the same on every machine",
 }
 
 

@@ -321,6 +321,36 @@ class RuntimeConformance(RuleBasedStateMachine):
             self._call("close_request", self._live_request(i))
         return self._call("open_request")
 
+    def _publish_fresh(self, i: int) -> None:
+        """A new request computes two pages of tokens and publishes them: one more live extent."""
+        request = self._free_slot(i)
+        if request is None:
+            return
+        handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(2 * self.info.page_size))),)))
+        if handle is not None and self._call("execute_batch", handle) is not None:
+            self._call("publish", request, 0, 2)
+
+    def _restore_behind_another_backup(self, i: int) -> None:
+        """Two extents over a row's first pages: the shorter one's backup starts and it is released; the
+        longer one is backed up, demoted and hit. Its restore reads host pages the other extent's backup
+        still fills, so it must wait for a transfer of another extent generation."""
+        ps = self.info.page_size
+        request = self._free_slot(i)
+        handle = None if request is None else self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(3 * ps))),)))
+        if handle is None or self._call("execute_batch", handle) is None:
+            return
+        shorter, longer = self._call("publish", request, 0, 2), self._call("publish", request, 0, 3)
+        self._call("close_request", request)
+        if shorter is None or longer is None:
+            return
+        self._call("submit", (Backup(shorter),))
+        self._call("release", shorter)
+        self._call("submit", (Backup(longer), Demote(longer)))
+        hit = self._call("open_request")
+        handle = None if hit is None else self._call("prepare_batch", BatchPlan((BatchItem(hit, (1,), (longer,)),), (Restore(longer),)))
+        if handle is not None:
+            self._call("execute_batch", handle)
+
     def _model_ref(self, generation: int) -> CacheExtentRef:
         """The model's ref of its live extent `generation`."""
         record = self.model.state.extents[generation]
@@ -518,7 +548,7 @@ class RuntimeConformance(RuleBasedStateMachine):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self, schedule_seed: int | None = None) -> None:
         """A fresh runtime and model, each recorded, on one clock (so their calls pair up)."""
         clock = itertools.count()
         self.runtime = Recorder(self.target.new(), clock=clock)
@@ -536,6 +566,8 @@ class RuntimeConformance(RuleBasedStateMachine):
         if self.check.delay and self._claims(Capability.DELAY_KNOB):  # backups slower than restores: a missing backup->restore wait shows
             self.runtime.set_transfer_delay(self.check.delay, TransferKind.RESTORE)
             self.runtime.set_transfer_delay(3 * self.check.delay, TransferKind.BACKUP)
+        if schedule_seed is not None and self._claims(Capability.SCHEDULE_SEED):
+            self.runtime.set_schedule_seed(schedule_seed)
         self.issued: list[RequestRuntimeHandle] = []
         self.renaming = Renaming()
 
@@ -587,13 +619,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     # when it replays a case, so there no rule's validity may depend on the state: the rules
     # drawing from bundles are left out (`TIMED_LEAVES_OUT`) and preconditions on the
     # model's state hold always (the rules return early instead).
-    timed = tiers or (bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities)
+    # A runtime that claims SCHEDULE_SEED replays a case exactly from its drawn seed, so there
+    # every rule stays in.
+    timed = (tiers or (bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities)) and Capability.SCHEDULE_SEED not in info.capabilities
 
     def when(condition):
         return precondition(lambda self: timed or condition(self))
 
-    tokens = st.lists(st.integers(0, 99), max_size=2 * ps + 1).map(tuple)
-    some_tokens = st.lists(st.integers(0, 99), min_size=1, max_size=2 * ps + 1).map(tuple)
+    token_id = st.integers(0, min(99, info.vocab_size - 1))  # ids the runtime's vocabulary holds (InvalidArgument is misuse's)
+    tokens = st.lists(token_id, max_size=2 * ps + 1).map(tuple)
+    some_tokens = st.lists(token_id, min_size=1, max_size=2 * ps + 1).map(tuple)
     attach = st.one_of(st.just(()), st.lists(extents, min_size=1, max_size=2).map(tuple))
     item = st.builds(BatchItem, request=requests, input_ids=some_tokens, append_previous_output=st.booleans())
     item_with_prefix = st.builds(BatchItem, request=requests, input_ids=tokens, attach=attach, append_previous_output=st.booleans())
@@ -605,13 +640,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     intent = st.one_of(request_intent, *(st.builds(kind, extent=extents) for kind in extent_intents))
     by_request = lambda item: item.request  # noqa: E731 - one item per request, else InvalidPlan
     tier_intent = st.one_of(*(st.builds(kind, extent=extents) for kind in (Backup, Restore, Demote, Drop)))
+    # One interleaving per case, drawn like any argument: a failure replays with its seed.
+    seeded = {"schedule_seed": st.integers(0, 2**16 - 1)} if Capability.SCHEDULE_SEED in info.capabilities else {}
 
     class Machine(RuntimeConformance):
         """Rules over the protocol's operations, valid and deliberately invalid."""
 
-        @initialize()
-        def start(self):
-            self._start()
+        @initialize(**seeded)
+        def start(self, schedule_seed=None):
+            """A fresh runtime; where it claims SCHEDULE_SEED, the case's interleaving is drawn (and printed) here."""
+            self._start(schedule_seed)
 
         # -- requests --
 
@@ -893,6 +931,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     "split_unknown",
                     "foreign_close",
                     "cancel_unprepared",
+                    "stale_twice",
                 ]
             ),
             i=st.integers(0, 7),
@@ -929,6 +968,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     handle = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),)))
                     if handle is not None:  # the row goes back to its length inside the page
                         self._call("cancel_batch", handle)
+            elif forgery == "stale_twice":  # the slot closed and reopened twice since this handle: StaleHandle
+                request = self._call("open_request")
+                current = request
+                for _ in range(2):  # open_request takes the lowest free slot: the one just closed
+                    if current is None:
+                        break
+                    self._call("close_request", current)
+                    current = self._call("open_request")
+                if request is not None and current is not None:
+                    self._call("close_request", request)
             elif forgery == "foreign_close":
                 request = self._live_request(i)
                 if request is not None:
@@ -1085,6 +1134,13 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     self._call("execute_batch", handle)
 
             Machine.hit_while_backing_up = hit_while_backing_up
+
+            @rule(i=st.integers(0, 7))
+            def restore_behind_another_backup(self, i):
+                """A restore whose host pages another extent's backup still fills (`_restore_behind_another_backup`)."""
+                self._restore_behind_another_backup(i)
+
+            Machine.restore_behind_another_backup = restore_behind_another_backup
 
         @when(lambda self: self.model.state.extents)
         @rule(demote=st.booleans())
@@ -1244,6 +1300,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             if not self.model.state.calls["execute_batch"]:
                 return
             stale = None
+            if busy and tiers and not self.model.state.extents:  # nothing cached yet: a request computes and publishes two pages
+                self._publish_fresh(i)
             if busy and tiers and self.model.state.extents:
                 extent, pages = self._live_extent(i)
                 for slot_id, slot in enumerate(self.model.state.slots):

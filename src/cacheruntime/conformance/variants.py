@@ -28,7 +28,7 @@ import attrs
 from cacheruntime.conformance.target import Target
 from cacheruntime.protocol import CacheExtentRef, Capability, PreparedBatchHandle, RequestRuntimeHandle
 from cacheruntime.runtime.device.streams import Event, Stream, make_stream
-from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, suite_streams
 from cacheruntime.runtime.ledger import Numbering
 from cacheruntime.runtime.local import LocalGPURuntime
 
@@ -97,11 +97,11 @@ class _Variant(LocalGPURuntime):
     lag = 0.0
 
     def __init__(self, device: str = "cpu", **options: Any):
-        super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **self.options, **options})
+        super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **suite_streams(device), **self.options, **options})
         layer, extra = self.device_layer, []
         for name, count in (("h2d", self.h2d_lanes), ("d2h", self.d2h_lanes)):
             if count > 1:
-                lanes = [getattr(layer, name)] + [make_stream(f"{name}-{i}", layer.device) for i in range(1, count)]
+                lanes = [getattr(layer, name)] + [make_stream(f"{name}-{i}", layer.device, schedule=layer.schedule) for i in range(1, count)]
                 extra += lanes[1:]
                 setattr(layer, name, Lanes(lanes, self.lag))
         # The device layer stops the streams it made; the extra lanes stop with the runtime.

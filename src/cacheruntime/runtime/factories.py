@@ -32,10 +32,25 @@ CONFORMANCE_OPTIONS: dict[str, Any] = {
 }
 
 
+def suite_streams(device: str) -> dict[str, Any]:
+    """The streams the suite's runtimes run on: simulated on CPU, CUDA's own on a GPU.
+
+    On simulated streams the suite draws each case's interleaving (SCHEDULE_SEED), so what a
+    case meets, and so the verdict and its reach, are the same on every machine and load.
+    `conformance_threads` is the same runtime on CPU worker threads, as it serves.
+    """
+    return {"streams": "simulated"} if device == "cpu" else {}
+
+
 def conformance(device: str = "cpu") -> LocalGPURuntime:
     """A small tagged runtime: tiny pools so that out-of-pages, deferral and reuse happen quickly.
 
     TAGGED_COMPUTE lets the suite compare next tokens with the model's digests, so a stale
     KV read anywhere shows as a mismatch, not just as a wrong abstract state.
     """
-    return LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS)
+    return LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS, **suite_streams(device))
+
+
+def conformance_threads() -> LocalGPURuntime:
+    """The conformance configuration on CPU worker threads: interleavings the machine picks."""
+    return LocalGPURuntime(**CONFORMANCE_OPTIONS)

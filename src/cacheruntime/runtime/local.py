@@ -78,6 +78,8 @@ class LocalGPURuntime:
         memory_class: type[KVMemory] = KVMemory,
         ledger_class: type[Ledger] = Ledger,
         ordering_class: type[Ordering] = Ordering,
+        streams: str = "threads",
+        schedule_seed: int = 0,
     ):
         if d2h_bytes_per_batch is not None and d2h_bytes_per_batch < 1:
             raise ValueError("d2h_bytes_per_batch must be positive (or None: no throttle)")
@@ -103,6 +105,8 @@ class LocalGPURuntime:
             d2h_issue=d2h_issue,
             memory_class=memory_class,
             ordering_class=ordering_class,
+            streams=streams,
+            schedule_seed=schedule_seed,
         )
         self.device = self.device_layer.device
         self.ledger = ledger_class(
@@ -124,6 +128,8 @@ class LocalGPURuntime:
     @property
     def capabilities(self) -> frozenset[Capability]:
         caps = {Capability.ASYNC_TRANSFERS, Capability.INTROSPECTION, Capability.RESTART, Capability.DELAY_KNOB}
+        if self.device_layer.schedule is not None:
+            caps.add(Capability.SCHEDULE_SEED)
         if self.l2_pages:
             caps.add(Capability.L2)
         if self.device_layer.runner.tagged:
@@ -160,6 +166,16 @@ class LocalGPURuntime:
             raise ValueError("the transfer delay cannot be negative")
         for k in (TransferKind.BACKUP, TransferKind.RESTORE) if kind is None else (kind,):
             self.device_layer.delay[k] = float(seconds)
+
+    def set_schedule_seed(self, seed: int) -> None:
+        """Test-only: pick the interleaving of copies, compute and completions from `seed` (SCHEDULE_SEED).
+
+        Only simulated streams have a schedule to seed; on threads and CUDA the machine picks.
+        """
+        schedule = self.device_layer.schedule
+        if schedule is None:
+            raise Unsupported("set_schedule_seed needs streams='simulated' (threads and CUDA streams interleave as the machine runs them)")
+        schedule.reseed(seed)
 
     def reference_next_token(self, token_ids: list[int]) -> int:
         """The tiny runner's next token for `token_ids`, recomputed without any cache (for D1)."""

@@ -73,7 +73,7 @@ from cacheruntime.protocol import (
 from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.streams import Event, Stream
-from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, suite_streams
 from cacheruntime.runtime.ledger import Ledger, Transaction
 from cacheruntime.runtime.ledger.batches import Executed
 from cacheruntime.runtime.ledger.decode import ItemHandles
@@ -89,7 +89,7 @@ class _Mutant(LocalGPURuntime):
     parts: ClassVar[dict[str, Any]] = {}  # the seams this mutant replaces (constructor options)
 
     def __init__(self, device: str = "cpu", **options: Any):
-        super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **self.parts, **options})
+        super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **suite_streams(device), **self.parts, **options})
 
 
 def _ledger(name: str, method: str, body: Any) -> type[Ledger]:

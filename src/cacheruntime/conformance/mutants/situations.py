@@ -68,7 +68,7 @@ from cacheruntime.protocol import (
     WouldLoseData,
 )
 from cacheruntime.runtime.device.memory import KVMemory
-from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, suite_streams
 from cacheruntime.runtime.ledger import Ledger
 from cacheruntime.runtime.ledger.batches import CheckedPlan
 from cacheruntime.runtime.ledger.records import FILLING, Batch, Copy, Extent, Slot, Transfer, touch_keys
@@ -83,7 +83,7 @@ class _Mutant(LocalGPURuntime):
     parts: ClassVar[dict[str, Any]] = {}  # the seams this mutant replaces (constructor options)
 
     def __init__(self, device: str = "cpu", **options: Any):
-        super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **self.parts, **options})
+        super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **suite_streams(device), **self.parts, **options})
 
 
 def _ledger(name: str, method: str, body: Any) -> type[Ledger]:
@@ -920,7 +920,8 @@ SITUATIONS: dict[str, tuple[str, ...]] = {
         "situation.runs_compared_as_pages",
         "family.runs_compared_as_set",
     ),
-    "multi-page restore waiting on a backup under delay": ("situation.restore_waits_same_extent_only", "family.restore_waits_for_first_page_only"),
+    "multi-page restore waiting on a backup under delay": ("family.restore_waits_for_first_page_only",),
+    "restore waiting on another extent's backup": ("situation.restore_waits_same_extent_only",),
     # added here: the generations a restart leaves (spec section 2.2), with or without work in flight
     "the slot generations after a restart": ("situation.restart_bumps_every_slot", "family.restart_keeps_live_generations"),
 }

@@ -25,9 +25,14 @@ from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.reqtotoken import ReqToToken
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runner, make_runner
+from cacheruntime.runtime.device.simulated import Schedule
 from cacheruntime.runtime.device.streams import Event, Result, Stream, make_stream
 from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS, D2HThrottle, Piece, Results
 from cacheruntime.runtime.ledger.records import Transfer
+
+#: Where the streams' work runs: "threads" (one worker per stream on CPU; CUDA streams on a
+#: GPU) or "simulated" (CPU: the interleaving picked by a seeded schedule, `simulated.py`).
+STREAM_KINDS = ("threads", "simulated")
 
 
 @attrs.frozen
@@ -57,10 +62,16 @@ class DeviceLayer:
         d2h_issue: str,
         memory_class: type[KVMemory] = KVMemory,
         ordering_class: type[Ordering] = Ordering,
+        streams: str = "threads",
+        schedule_seed: int = 0,
     ):
         if d2h_issue not in D2H_ISSUE_POINTS:
             raise ValueError(f"d2h_issue must be one of {', '.join(D2H_ISSUE_POINTS)}, not {d2h_issue!r}")
+        if streams not in STREAM_KINDS:
+            raise ValueError(f"streams must be one of {', '.join(STREAM_KINDS)}, not {streams!r}")
         self.device = torch.device(device)
+        if streams == "simulated" and self.device.type != "cpu":
+            raise ValueError(f"simulated streams run on the CPU only, not on {device!r}: use streams='threads' there")
         self.runner: Runner = make_runner(runner, config, max_request_tokens, self.device, seed) if isinstance(runner, str) else runner
         self.memory = memory_class(
             device=self.device,
@@ -75,9 +86,11 @@ class DeviceLayer:
         self.req_to_token = ReqToToken(max_requests, max_request_tokens, page_size, self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # weights and pools were filled on the default stream
-        self.compute: Stream = make_stream("compute", self.device)
-        self.h2d: Stream = make_stream("h2d", self.device)
-        self.d2h: Stream = make_stream("d2h", self.device)
+        #: The seeded interleaving of simulated streams (None on thread and CUDA streams).
+        self.schedule = Schedule(schedule_seed) if streams == "simulated" else None
+        self.compute: Stream = make_stream("compute", self.device, schedule=self.schedule)
+        self.h2d: Stream = make_stream("h2d", self.device, schedule=self.schedule)
+        self.d2h: Stream = make_stream("d2h", self.device, schedule=self.schedule)
         self._finalizer = weakref.finalize(self, _close_streams, (self.compute, self.h2d, self.d2h))
         self.ordering = ordering_class()
         self.launched: dict[int, Launched] = {}

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
+from cacheruntime.runtime.device.simulated import Schedule, SimStream
+
 
 class Event(Protocol):
     """A point in a stream: done once everything submitted before it has run."""
@@ -250,7 +252,7 @@ class CudaStream:
         return cls._cycles_per_second
 
 
-Stream = CpuStream | CudaStream
+Stream = CpuStream | CudaStream | SimStream
 
 
 def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -268,6 +270,11 @@ def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> to
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def make_stream(name: str, device: torch.device, priority: int = 0) -> Stream:
-    """A stream of the kind the device needs; on CUDA, a lower `priority` number is served first."""
+def make_stream(name: str, device: torch.device, priority: int = 0, schedule: Schedule | None = None) -> Stream:
+    """A stream of the kind the device needs; on CUDA, a lower `priority` number is served first.
+
+    With a `schedule` (CPU only), a simulated stream whose interleaving that schedule picks.
+    """
+    if schedule is not None:
+        return SimStream(name, schedule)
     return CudaStream(name, device, priority) if device.type == "cuda" else CpuStream(name)

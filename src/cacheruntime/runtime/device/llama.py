@@ -79,10 +79,16 @@ class LlamaRunner:
         self.cos, self.sin = angles.cos(), angles.sin()
 
     @property
-    def weight_bytes(self) -> int:
-        """Bytes of every weight a step reads (the decode step's floor on memory traffic)."""
-        tensors = [self.embed, self.final_norm, self.unembed, *(w for layer in self.layers for w in layer.values())]
+    def step_weight_bytes(self) -> int:
+        """Bytes of the weights every step reads whole: all but the embedding table, of which it reads its tokens' rows."""
+        tensors = [self.final_norm, self.unembed, *(w for layer in self.layers for w in layer.values())]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def matmul_parameters(self) -> tuple[int, int]:
+        """(parameters every token multiplies by: the layers' projections, the output projection's (last token only))."""
+        per_token = sum(layer[name].numel() for layer in self.layers for name in ("qkv", "o", "gate_up", "down"))
+        return per_token, self.unembed.numel()
 
     def forward(self, memory: Any, table: torch.Tensor, items: ComputeBatch) -> torch.Tensor:
         """Each item's greedy next token (a device tensor), writing and reading KV through `table`."""

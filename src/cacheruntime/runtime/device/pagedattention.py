@@ -15,8 +15,9 @@ position in every row.
 
 The batch is ragged: request b computes `end_b - start_b` new tokens; queries are padded
 to the longest (`[B, q_len]`) and the padding is dropped afterwards. On CPU FlexAttention
-runs eagerly (it materializes the scores, fine at the small shapes CPU runs); on CUDA it
-is compiled, and the block mask makes it skip every page outside a request's row.
+runs eagerly (it materializes the scores, fine at the small shapes CPU runs); on CUDA with
+pages of `KERNEL_PAGE` tokens it is compiled, and the block mask makes it skip every page
+outside a request's row.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ from cacheruntime.runtime.device.streams import to_device
 
 #: query rows per block of the mask (FlexAttention's default block size)
 Q_BLOCK = 128
+#: pages of a multiple of this many tokens run the compiled kernel on CUDA (one page is one KV
+#: block of the mask, and the kernel's tiles must divide it); smaller pages run eagerly
+KERNEL_PAGE = 128
+#: compiled kernels kept: one per static shape (batch, query length, pool), since a dynamic
+#: batch dimension makes FlexAttention leave its decoding kernel for one that pads each
+#: decode query to a 128-row tile
+RECOMPILE_LIMIT = 64
 
 
 class PagedBatch:
@@ -108,7 +116,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     queries = padded.view(batch.batch, batch.q_len, q_heads, head_dim).transpose(1, 2)
     keys = k_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
     values = v_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
-    attend = _compiled_flex() if q.is_cuda else flex_attention
+    attend = _compiled_flex() if q.is_cuda and batch.page_size % KERNEL_PAGE == 0 else flex_attention
     out = attend(queries, keys, values, block_mask=batch.block_mask, scale=1.0 / math.sqrt(head_dim), enable_gqa=q_heads != kv_heads)
     return out.transpose(1, 2).reshape(batch.batch * batch.q_len, q_heads, head_dim).index_select(0, batch.pad_index)
 
@@ -117,7 +125,10 @@ _COMPILED: list[Any] = []
 
 
 def _compiled_flex() -> Any:
-    """FlexAttention compiled once per process (its fused kernel; eager FlexAttention is the reference math)."""
+    """FlexAttention compiled with static shapes (its fused kernels; eager FlexAttention is the reference math)."""
     if not _COMPILED:
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         _COMPILED.append(torch.compile(flex_attention, dynamic=False))
     return _COMPILED[0]

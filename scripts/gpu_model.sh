@@ -11,12 +11,12 @@ OUT="${OUT:?set OUT}"
 mkdir -p "$OUT"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
-timeout 300 "$PY" -m pytest -p no:cacheprovider --confcutdir=tests/runtime -o addopts="" tests/runtime/test_llama.py -v -rs \
+timeout 200 "$PY" -m pytest -p no:cacheprovider --confcutdir=tests/runtime -o addopts="" tests/runtime/test_llama.py -v -rs \
     --durations=10 --junitxml="$OUT/model_tests.xml" >"$OUT/model_tests.log" 2>&1
 tests=$?
 echo "model tests exit $tests"; tail -n 3 "$OUT/model_tests.log"
 # shellcheck disable=SC2086
-timeout 480 "$PY" -m cacheruntime.cli bench --device cuda --only model --json "$OUT/model.json" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log"
+timeout 360 "$PY" -m cacheruntime.cli bench --device cuda --only model --json "$OUT/model.json" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log"
 bench=${PIPESTATUS[0]}
 echo "model bench exit $bench"
 [[ $tests -eq 0 && $bench -eq 0 ]]

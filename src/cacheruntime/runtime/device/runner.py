@@ -267,12 +267,13 @@ def make_runner(kind: str, config: DecoderConfig, max_positions: int, device: to
     A preset ("llama-small", "llama3-8b") fixes its own sizes, and the runtime sizes its KV
     pages from `config`: the two must be the same config (`LLAMA_CONFIGS[kind]`).
     """
-    from cacheruntime.runtime.device.llama import LLAMA_CONFIGS, LlamaRunner  # llama builds on this module
-
     if kind == "tiny":
         return TinyRunner(config, max_positions, device, seed)
     if kind == "tagging":
         return TaggingRunner(config, device)
+    # imported here: llama builds on this module, and only its runners need FlexAttention
+    from cacheruntime.runtime.device.llama import LLAMA_CONFIGS, LlamaRunner
+
     if kind == "llama":
         return LlamaRunner(config, max_positions, device, seed)
     if kind in LLAMA_CONFIGS:

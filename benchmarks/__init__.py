@@ -15,7 +15,10 @@ Sections (`--only` picks some):
   as a fraction of the transfer time (target <= 5%), against one-phase issue;
 - `itl`: decode inter-token latency with background write-back against none (<= 1.03x);
 - `cpu`: host time of a decode step through the boundary against the same bookkeeping
-  in-process on the pools (<= 1.0x), for B = 1, 16, 64, 256.
+  in-process on the pools (<= 1.0x), for B = 1, 16, 64, 256;
+- `model` (only when named in `--only`): the Llama runner's decode step against its HBM
+  bound and its prefill against the matmul throughput, both limits measured in the run
+  (`benchmarks/model.py`).
 
 The printed table has: measurement, value, baseline, ratio, target, met. `--json` writes
 every row with its details. On CUDA, `--timeline DIR` writes profiler traces of a few
@@ -36,6 +39,8 @@ import traceback
 from typing import Any
 
 SECTIONS = ("transfer", "overlap", "itl", "cpu")
+#: sections run only when `--only` names them (the model's run needs a large GPU)
+OPT_IN_SECTIONS = ("model",)
 
 
 def _ints(text: str) -> list[int]:
@@ -51,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (the CI smoke test)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     parser.add_argument("--timeline", default=None, metavar="DIR", help="write profiler traces and timeline.png here (CUDA)")
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS + OPT_IN_SECTIONS)}")
     parser.add_argument("--seed", type=int, default=0)
     g = parser.add_argument_group("sizes (defaults depend on --device and --quick)")
     g.add_argument("--layers", type=int, help="KV layers (32)")
@@ -81,6 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-warmup", type=int, help="untimed decode steps first (8)")
     g.add_argument("--cpu-context", type=int, help="context tokens per request before the timed steps (1024)")
     g.add_argument("--cpu-page-size", type=int, help="page size for the cpu section (16)")
+    g.add_argument("--model-config", help="Llama preset for the model section (llama3-8b)")
+    g.add_argument("--model-batches", type=_ints, help="decode batch sizes for the model section (1,16,64,256)")
+    g.add_argument("--model-contexts", type=_ints, help="decode context tokens for the model section (2048,8192,16384)")
+    g.add_argument("--model-prefill", type=_ints, help="prefill lengths for the model section (2048,8192,16384)")
+    g.add_argument("--model-steps", type=int, help="timed steps per model measurement (5)")
+    g.add_argument("--model-page-size", type=int, help="page size of the model section's KV (128)")
+    g.add_argument("--model-bw-gib", type=int, help="GiB read by the bandwidth reduction (8)")
+    g.add_argument("--model-matmul", type=int, help="n of the n x n x n matmul timing (8192)")
 
 
 #: (full run on CUDA, --quick on CUDA, CPU, --quick on CPU)
@@ -112,6 +125,14 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "cpu_warmup": (4, 2, 2, 1),
     "cpu_context": (1024, 1024, 256, 32),
     "cpu_page_size": (16, 16, 16, 16),
+    "model_config": ("llama3-8b", "llama3-8b", "llama-small", "llama-small"),
+    "model_batches": ([1, 16, 64, 256], [16], [1, 4], [2]),
+    "model_contexts": ([2048, 8192, 16384], [8192], [128], [64]),
+    "model_prefill": ([2048, 8192, 16384], [8192], [256], [64]),
+    "model_steps": (5, 2, 2, 1),
+    "model_page_size": (128, 128, 16, 16),
+    "model_bw_gib": (8, 4, 1, 1),
+    "model_matmul": (8192, 8192, 512, 256),
 }
 
 
@@ -131,9 +152,9 @@ def main(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     resolve(args, device.type == "cuda")
     sections = [s for s in args.only.split(",") if s]
-    unknown = set(sections) - set(SECTIONS)
+    unknown = set(sections) - set(SECTIONS) - set(OPT_IN_SECTIONS)
     if unknown:
-        print(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
+        print(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS + OPT_IN_SECTIONS)}", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
     rows: list[report.Row] = []
@@ -183,6 +204,10 @@ def main(args: argparse.Namespace) -> int:
                 from benchmarks import cpucost
 
                 cpucost.run(args, device, rows, guard)
+            elif section == "model":
+                from benchmarks import model
+
+                model.run(args, device, rows, guard)
         print(f"[{section}: {time.perf_counter() - t0:.1f} s]", flush=True)
     if traces and args.timeline:
         with guard("timeline", "export"):

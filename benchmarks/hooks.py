@@ -14,7 +14,9 @@ the runtime's structure is fixed here once. What it uses, all public:
   fragmented pools do. Which free page is handed out is the runtime's choice and invisible
   to control, so this only picks a realistic starting state;
 - the device layer's classes and helpers (KVMemory, DecoderConfig, `to_device`) and the D2H
-  issue points, for the diagnostics and the bench model.
+  issue points, for the diagnostics and the bench model;
+- the Llama runner, its presets, ReqToToken and ComputeBatch, for the `model` section,
+  which times the runner's own step on a table it fills (no protocol calls).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from typing import Any
 import torch
 
 from cacheruntime.protocol import Tier
+from cacheruntime.runtime.device.llama import LLAMA_CONFIGS, LlamaRunner
 from cacheruntime.runtime.device.memory import KVMemory
-from cacheruntime.runtime.device.runner import DecoderConfig
+from cacheruntime.runtime.device.reqtotoken import ReqToToken
+from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig
 from cacheruntime.runtime.device.streams import to_device
 from cacheruntime.runtime.local import D2H_ISSUE_POINTS, LocalGPURuntime
 
@@ -37,9 +41,13 @@ CopyRoutine = Callable[[list[int], list[int]], None]
 
 __all__ = [
     "D2H_ISSUE_POINTS",
+    "LLAMA_CONFIGS",
+    "ComputeBatch",
     "DecoderConfig",
     "KVMemory",
+    "LlamaRunner",
     "LocalGPURuntime",
+    "ReqToToken",
     "free_list",
     "memory",
     "new_runtime",

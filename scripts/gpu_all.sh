@@ -6,6 +6,8 @@
 # The device tool brings back at most 8 files, so the two scripts write into sub-folders
 # that are packed into results.tar.gz; the files the record quotes are copied beside it.
 # Usage (on the device machine, from the repository root): OUT=... bash scripts/gpu_all.sh
+# scripts/gpu_model.sh (the Llama runner's tests on CUDA and the bench section `model`) runs
+# after them into $OUT/model (MODEL=0 skips it).
 # Options (environment): BENCH=0 skips the benchmark (the check alone fits one short call);
 # CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
 # this tree, in alternating processes (scripts/cpu_ab.py), on CPU and CUDA, into $OUT/cpu_ab_*.json.
@@ -21,6 +23,11 @@ if [[ "${BENCH:-1}" != 0 ]]; then
   OUT="$ROOT/bench" bash scripts/gpu_bench.sh >"$ROOT/gpu_bench.log" 2>&1
   bench=$?
 fi
+model=0
+if [[ "${MODEL:-1}" != 0 ]]; then
+  OUT="$ROOT/model" bash scripts/gpu_model.sh >"$ROOT/gpu_model.log" 2>&1
+  model=$?
+fi
 if [[ -n "${CPU_AB_BASE:-}" ]]; then
   for device in cpu cuda; do
     "$PYTHON" scripts/cpu_ab.py --base "$CPU_AB_BASE" --new . --reps 7 --device $device --json "$ROOT/cpu_ab_$device.json" >>"$ROOT/cpu_ab.log" 2>&1 || bench=1
@@ -28,8 +35,8 @@ if [[ -n "${CPU_AB_BASE:-}" ]]; then
   cat "$ROOT/cpu_ab.log"
 fi
 
-cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/" 2>/dev/null
-tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench"
-echo "gpu_check exit $check, gpu_bench exit $bench"
+cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/" 2>/dev/null
+tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model"
+echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model"
 tail -n 12 "$ROOT/summary.txt" 2>/dev/null
-[[ $check -eq 0 && $bench -eq 0 ]]
+[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 ]]

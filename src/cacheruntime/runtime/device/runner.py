@@ -35,7 +35,12 @@ TAG_BASE = 256
 
 @attrs.frozen
 class DecoderConfig:
-    """Sizes of the small decoder (and of its KV pages)."""
+    """Sizes of the small decoder (and of its KV pages).
+
+    `heads` is the number of K/V heads, which with `layers`, `head_dim` and `dtype` fixes
+    the KV page layout. `query_heads` is set only by a grouped-query model (the Llama
+    runner): several query heads then read one K/V head; None means one per K/V head.
+    """
 
     vocab: int = 97
     hidden: int = 32
@@ -44,6 +49,7 @@ class DecoderConfig:
     head_dim: int = 16
     mlp: int = 64
     dtype: str = "float32"
+    query_heads: int | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -256,9 +262,24 @@ class Runner(Protocol):
 
 
 def make_runner(kind: str, config: DecoderConfig, max_positions: int, device: torch.device, seed: int) -> Runner:
-    """The runner named `kind` ("tiny" or "tagging")."""
+    """The runner named `kind`: "tiny", "tagging", "llama" (sized by `config`) or a Llama preset.
+
+    A preset ("llama-small", "llama3-8b") fixes its own sizes, and the runtime sizes its KV
+    pages from `config`: the two must be the same config (`LLAMA_CONFIGS[kind]`).
+    """
     if kind == "tiny":
         return TinyRunner(config, max_positions, device, seed)
     if kind == "tagging":
         return TaggingRunner(config, device)
-    raise ValueError(f"unknown runner {kind!r}; expected 'tiny' or 'tagging'")
+    # imported here: llama builds on this module, and only its runners need FlexAttention
+    from cacheruntime.runtime.device.llama import LLAMA_CONFIGS, LlamaRunner
+
+    if kind == "llama":
+        return LlamaRunner(config, max_positions, device, seed)
+    if kind in LLAMA_CONFIGS:
+        if config != LLAMA_CONFIGS[kind]:
+            raise ValueError(
+                f"runner {kind!r} needs config=LLAMA_CONFIGS[{kind!r}] ({LLAMA_CONFIGS[kind]}), got {config}; or use runner='llama' with any config"
+            )
+        return LlamaRunner(config, max_positions, device, seed)
+    raise ValueError(f"unknown runner {kind!r}; expected 'tiny', 'tagging', 'llama' or one of {', '.join(map(repr, LLAMA_CONFIGS))}")

@@ -1,0 +1,166 @@
+"""A Llama-architecture decoder as a runner: seeded random weights, K and V in the paged pool.
+
+The architecture of Llama 3 (RMSNorm, rotary position embedding, grouped-query attention,
+SwiGLU MLP, untied output projection) at any size a `DecoderConfig` gives; the weights
+are seeded random numbers, since random weights take the same time as trained ones and
+D1 compares the runtime with recomputation of the same weights, not with a real model.
+
+`forward` runs a ragged batch in one pass: all new tokens of all items go through each
+layer's projections together, their K and V are written at the locations the
+ReqToToken table gives, and attention reads the pool through the table
+(`pagedattention`), so a step never copies a request's context. `reference` recomputes
+a sequence from scratch with dense causal attention (no cache, no table): the served
+tokens must equal it (D1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from cacheruntime.runtime.device.pagedattention import PagedBatch, paged_attention
+from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig
+from cacheruntime.runtime.device.streams import to_device
+
+#: Llama 3's rotary base and RMSNorm epsilon
+ROPE_THETA = 500_000.0
+NORM_EPS = 1e-5
+
+#: Named sizes: a float32 one small enough for CPU tests and the main job, and Llama-3-8B's shape.
+LLAMA_CONFIGS: dict[str, DecoderConfig] = {
+    "llama-small": DecoderConfig(vocab=97, hidden=64, layers=2, heads=2, head_dim=16, mlp=128, dtype="float32", query_heads=4),
+    "llama3-8b": DecoderConfig(vocab=128256, hidden=4096, layers=32, heads=8, head_dim=128, mlp=14336, dtype="bfloat16", query_heads=32),
+}
+
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class LlamaRunner:
+    """A Llama-shaped decoder over the paged KV pool, and its cache-free reference."""
+
+    tagged = False
+
+    def __init__(self, config: DecoderConfig, max_positions: int, device: torch.device, seed: int):
+        query_heads = config.query_heads or config.heads
+        if query_heads % config.heads or config.head_dim % 2:
+            raise ValueError(f"a Llama config needs query_heads ({query_heads}) a multiple of heads ({config.heads}) and an even head_dim ({config.head_dim})")
+        self.config, self.device, self.query_heads = config, device, query_heads
+        dtype = config.torch_dtype
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def weight(*shape: int, scale: float) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, device=device, dtype=dtype).mul_(scale)
+
+        def gain() -> torch.Tensor:
+            return torch.randn(config.hidden, generator=gen, device=device, dtype=dtype).mul_(0.1).add_(1.0)
+
+        hidden, head_dim = config.hidden, config.head_dim
+        self.qkv_split = (query_heads * head_dim, config.heads * head_dim, config.heads * head_dim)
+        self.embed = weight(config.vocab, hidden, scale=1.0)
+        self.layers = [
+            {
+                "attn_norm": gain(),
+                "qkv": weight(hidden, sum(self.qkv_split), scale=1 / math.sqrt(hidden)),
+                "o": weight(query_heads * head_dim, hidden, scale=1 / math.sqrt(query_heads * head_dim)),
+                "mlp_norm": gain(),
+                "gate_up": weight(hidden, 2 * config.mlp, scale=1 / math.sqrt(hidden)),
+                "down": weight(config.mlp, hidden, scale=1 / math.sqrt(config.mlp)),
+            }
+            for _ in range(config.layers)
+        ]
+        self.final_norm = gain()
+        self.unembed = weight(hidden, config.vocab, scale=1 / math.sqrt(hidden))
+        inverse = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+        angles = torch.arange(max_positions, dtype=torch.float32, device=device)[:, None] * inverse[None, :]
+        self.cos, self.sin = angles.cos(), angles.sin()
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Bytes of the weights every step reads whole: all but the embedding table, of which it reads its tokens' rows."""
+        tensors = [self.final_norm, self.unembed, *(w for layer in self.layers for w in layer.values())]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def matmul_parameters(self) -> tuple[int, int]:
+        """(parameters every token multiplies by: the layers' projections, the output projection's (last token only))."""
+        per_token = sum(layer[name].numel() for layer in self.layers for name in ("qkv", "o", "gate_up", "down"))
+        return per_token, self.unembed.numel()
+
+    def forward(self, memory: Any, table: torch.Tensor, items: ComputeBatch) -> torch.Tensor:
+        """Each item's greedy next token (a device tensor), writing and reading KV through `table`."""
+        self._check_layout(memory.l1)
+        _, _, pool_pages, page_size, _, _ = memory.l1.shape
+        batch = PagedBatch(table, items.slots, items.starts, items.ends, page_size, pool_pages)
+        ids = to_device([token for tokens in items.token_ids for token in tokens], torch.int64, self.device)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_pool, v_pool = memory.layer_kv(layer)
+            k_pool.index_copy_(0, batch.new_locations, k)
+            v_pool.index_copy_(0, batch.new_locations, v)
+            return paged_attention(q, k_pool, v_pool, batch)
+
+        hidden = self._layers(ids, batch.positions, attend)
+        return self._next_tokens(hidden.index_select(0, batch.last))
+
+    def finish(self, outputs: list, items: ComputeBatch) -> list[int]:
+        """The host values of `forward`'s tensor: one token per item."""
+        return [int(token) for token in outputs]
+
+    def reference(self, token_ids: list[int]) -> int:
+        """The next token of `token_ids` recomputed from scratch: dense causal attention, no KV cache."""
+        ids = to_device(list(token_ids), torch.int64, self.device)
+        positions = torch.arange(len(token_ids), device=self.device)
+        groups = self.query_heads // self.config.heads
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys, values = (t.repeat_interleave(groups, dim=1).transpose(0, 1)[None] for t in (k, v))
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, is_causal=True)
+            return out[0].transpose(0, 1)
+
+        hidden = self._layers(ids, positions, attend)
+        return int(self._next_tokens(hidden[-1:])[0])
+
+    def _check_layout(self, l1: torch.Tensor) -> None:
+        cfg = self.config
+        layers, _, _, _, heads, head_dim = l1.shape
+        if (layers, heads, head_dim, l1.dtype) != (cfg.layers, cfg.heads, cfg.head_dim, cfg.torch_dtype):
+            raise ValueError(
+                f"the KV pool holds layers={layers}, kv heads={heads}, head_dim={head_dim}, {l1.dtype}; this model needs "
+                f"{cfg.layers}, {cfg.heads}, {cfg.head_dim}, {cfg.torch_dtype}: give the runtime the runner's config"
+            )
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """Run tokens `ids` at `positions` through every layer; `attend(layer, q, k, v)` is the attention."""
+        cfg = self.config
+        n = ids.shape[0]
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        x = self.embed[ids]
+        for index, w in enumerate(self.layers):
+            q, k, v = (_rms_norm(x, w["attn_norm"]) @ w["qkv"]).split(self.qkv_split, dim=-1)
+            q = _rotate(q.view(n, self.query_heads, cfg.head_dim), cos, sin)
+            k = _rotate(k.view(n, cfg.heads, cfg.head_dim), cos, sin)
+            attended = attend(index, q, k, v.reshape(n, cfg.heads, cfg.head_dim))
+            x = x + attended.reshape(n, -1) @ w["o"]
+            gate, up = (_rms_norm(x, w["mlp_norm"]) @ w["gate_up"]).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ w["down"]
+        return x
+
+    def _next_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy next token of each row of `hidden` `[m, hidden]`."""
+        return (_rms_norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
+
+
+def _rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """RMSNorm in float32, returned in `x`'s dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS)).to(x.dtype) * gain
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of `x` `[n, heads, head_dim]` (Llama's split-half form), in float32."""
+    first, second = x.float().chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)

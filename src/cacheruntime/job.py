@@ -27,6 +27,9 @@ from cacheruntime.control.workload import SyntheticConfig, read_trace, synthetic
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of LocalGPURuntime (cpu, cuda, cuda:1, ...)")
     parser.add_argument("--runtime", choices=("local", "model"), default="local", help="LocalGPURuntime or the reference model")
+    parser.add_argument(
+        "--runner", choices=("tiny", "llama-small"), default="tiny", help="LocalGPURuntime's model: the tiny decoder or the small Llama-architecture one"
+    )
     parser.add_argument("--trace", type=input_file, metavar="FILE", help="replay a JSONL trace (docs/workload.md) instead of the synthetic workload")
     parser.add_argument("--requests", type=positive_int, default=36, help="synthetic: number of requests (turns)")
     parser.add_argument("--turns", type=positive_int, default=3, help="synthetic: turns per conversation")
@@ -58,7 +61,13 @@ def _runtime(args: argparse.Namespace):
     from cacheruntime.runtime.device.runner import DecoderConfig
     from cacheruntime.runtime.factories import local
 
-    return local(device=args.device, runner="tiny", seed=args.seed, **sizes), DecoderConfig().vocab
+    if args.runner == "tiny":
+        config = DecoderConfig()
+    else:  # a preset fixes its own sizes (runtime/device/llama.py)
+        from cacheruntime.runtime.device.llama import LLAMA_CONFIGS
+
+        config = LLAMA_CONFIGS[args.runner]
+    return local(device=args.device, runner=args.runner, config=config, seed=args.seed, **sizes), config.vocab
 
 
 def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: int, check: str, seconds: float) -> dict:

@@ -20,6 +20,13 @@ def test_default_job_on_cpu_serves_with_l2_restores_and_correct_outputs(tmp_path
     assert summary["boundary_calls_per_batch"] <= summary["boundary_calls_per_batch_bound"]
 
 
+def test_job_on_the_llama_architecture_serves_recomputed_tokens(tmp_path):
+    """The small Llama-architecture runner (issue 18): prefix hits on both tiers, outputs equal recomputation."""
+    code, summary = run(tmp_path, "--runner", "llama-small")
+    assert code == 0 and summary["output_mismatches"] == 0 and summary["tokens"] > 0
+    assert summary["hit_tokens_l2"] > 0 and summary["restored_bytes"] > 0
+
+
 def test_boundary_calls_per_batch_stay_constant_across_workload_sizes(tmp_path):
     _, small = run(tmp_path, "--requests", "6", "--new-tokens", "2", "3", "--l1-pages", "256")
     _, large = run(tmp_path, "--requests", "24", "--new-tokens", "12", "16", "--l1-pages", "256")

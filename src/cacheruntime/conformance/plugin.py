@@ -38,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--cacheruntime-expected", default=None, metavar="FILE", help="TOML expected-failures file")
     group.addoption("--cacheruntime-profile", choices=("ci", "deep"), default="ci", help="Hypothesis profile of the suite")
     group.addoption("--cacheruntime-database", default=None, help="example database of the deep profile (default: the suite's)")
+    group.addoption(
+        "--cacheruntime-no-shrink", action="store_true", help="report each failing case as found, unshrunk (faster; `cacheruntime conformance` shrinks it)"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

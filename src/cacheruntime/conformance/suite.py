@@ -21,7 +21,9 @@ __all__ = ["test_cacheruntime_conformance"]
 def test_cacheruntime_conformance(check, cacheruntime_target, cacheruntime_expected, cacheruntime_record, request):
     """Hold the runtime to the reference model in one check; a failure shows the runnable reproduction."""
     config = request.config
-    settings = profile(config.getoption("--cacheruntime-profile"), config.getoption("--cacheruntime-database"))
+    settings = profile(
+        config.getoption("--cacheruntime-profile"), config.getoption("--cacheruntime-database"), shrink=not config.getoption("--cacheruntime-no-shrink")
+    )
     outcome = run_check(cacheruntime_target, check, settings)
     cacheruntime_record(outcome)
     if outcome.status == "skipped":

@@ -70,6 +70,7 @@ class Bounds:
     MaxGeneration: int = 6
     MaxEpoch: int = 2
     MaxRefcount: int = 3
+    # bounds of `Next` only: the trace check replays the recorded actions, whatever they carry
     PlanIntentKinds: frozenset[str] = frozenset({"Restore", "Backup", "Demote", "Drop"})
     MaxSubmitIntents: int = 2
 

@@ -15,10 +15,15 @@
 (* Python model to them):                                                  *)
 (*  - page_size = 1 and every batch item computes exactly one token, fed   *)
 (*    as input_ids (append_previous_output is not modelled);               *)
-(*  - a plan item attaches at most one extent; a plan carries at most one  *)
-(*    Restore intent and no execute-time intents (those are the standalone *)
-(*    actions Publish, Submit, Release, CloseRequest applied after it);    *)
-(*  - Submit carries one tier intent;                                      *)
+(*  - a plan item attaches at most one extent (Next; the actions take     *)
+(*    any number); a plan's intents are tier intents (Restore starts at    *)
+(*    PrepareBatch, Backup, Demote and Drop apply at ExecuteBatch after    *)
+(*    compute, in order, all or none), of the kinds PlanIntentKinds names; *)
+(*    Publish, Release and Close inside a plan are their standalone        *)
+(*    actions applied after ExecuteBatch;                                  *)
+(*  - a submit carries one tier intent (SubmitBackup, SubmitRestore,       *)
+(*    SubmitDemote, SubmitDrop) or two (Submit: in order, all or none: the *)
+(*    runtime's journal undoes the first when the second fails);           *)
 (*  - compute is synchronous inside ExecuteBatch (it blocks), so the       *)
 (*    compute stream is the sequence of ExecuteBatch steps.  Its wait on   *)
 (*    KV_READY is an enabling condition: ExecuteBatch is enabled only when *)
@@ -38,8 +43,12 @@
 (* proved with Z3 (cacheruntime z3), not here.  B1 and B2 are properties   *)
 (* of the call interface: in this spec a plan of any size is one           *)
 (* PrepareBatch step and one ExecuteBatch step (B1 by construction) and    *)
-(* every action argument is a tuple of integers (B2 by construction); they *)
-(* are checked on the Python side (cacheruntime.invariants).               *)
+(* every action argument is a record of integers (B2 by construction);    *)
+(* they are checked on the Python side (cacheruntime.invariants).          *)
+(*                                                                         *)
+(* Layout, as Lamport's TwoPhase.tla and Ongaro's raft.tla: variables in   *)
+(* groups with a tuple each, records for handles and moves, TypeOK, Init,  *)
+(* one action per step, Next, Spec, then the invariants.                   *)
 (***************************************************************************)
 EXTENDS Integers, Sequences, FiniteSets
 
@@ -55,46 +64,83 @@ CONSTANTS
     MaxTransfers,       \* model bound: transfers started per epoch
     MaxGeneration,      \* model bound: a slot's generation
     MaxEpoch,           \* model bound: restarts
-    MaxRefcount         \* model bound: references to one extent
+    MaxRefcount,        \* model bound: references to one extent
+    PlanIntentKinds,    \* model bound: the intent kinds a plan in Next carries (at most one intent)
+    MaxSubmitIntents    \* model bound: intents per submit in Next (1 or 2)
 
+(***************************************************************************)
+(* Variables, in groups as the reference model's records (spec/glossary.md *)
+(* names each): a field of a per-slot or per-page record is a function of  *)
+(* the slot or page name; a pool's fields carry the tier's number (1:      *)
+(* device, L1; 2: host, L2).  Each group has a tuple, so that an action    *)
+(* says which groups it leaves alone.                                      *)
+(***************************************************************************)
+
+\* The runtime's epoch: a restart bumps it, and every handle carries it.
+VARIABLE epoch
+
+\* Request slots: generation, liveness and the row of each slot s.
 VARIABLES
-    \* Named as the reference model's record fields (spec/glossary.md): a field of a
-    \* per-slot or per-page record is a function of the slot or page name; a pool's
-    \* fields carry the tier's number (1: device, L1; 2: host, L2).
-    epoch,      \* the runtime's epoch; a restart bumps it
     generation,     \* generation[s]: slot s's current generation
-    live,       \* live[s]: slot s holds an open request
+    live,           \* live[s]: slot s holds an open request
     pages,          \* pages[s]: the page names slot s's ReqToToken row maps, in token order
-    numTokens,      \* numTokens[s]: tokens computed in row s (Len(pages[s]) are reserved)
-    holders,    \* holders[n]: live rows and extents that map page name n (0: no such page)
+    numTokens       \* numTokens[s]: tokens computed in row s (Len(pages[s]) are reserved)
+requestVars == <<generation, live, pages, numTokens>>
+
+\* Page names: who holds each, what was last written to it, the next name.
+VARIABLES
+    holders,        \* holders[n]: live rows and extents that map page name n (0: no such page)
     versions,       \* versions[n]: version tag last written to page n (0: never written)
+    nextPage        \* the next page name to issue in this epoch
+pageVars == <<holders, versions, nextPage>>
+
+\* Copies: each page name's copy per tier and the physical page it occupies.
+VARIABLES
     state1,         \* state1[n]: page n's device copy, "absent" | "filling" | "valid"
     phys1,          \* phys1[n]: the physical device page of that copy (-1 if none)
     state2,         \* state2[n]: page n's host copy, "absent" | "filling" | "valid"
-    phys2,          \* phys2[n]: the physical host page of that copy (-1 if none)
-    nextPage,   \* the next page name to issue in this epoch
-    free1,      \* the device free list (a queue of physical pages)
-    free2,      \* the host free list
+    phys2           \* phys2[n]: the physical host page of that copy (-1 if none)
+copyVars == <<state1, phys1, state2, phys2>>
+
+\* Pools: each tier's free list and the frees deferred behind transfers (O3).
+VARIABLES
+    free1,          \* the device free list (a queue of physical pages)
+    free2,          \* the host free list
     deferred1,      \* deferred1[p]: in-flight transfers a deferred free of device page p waits for
-    deferred2,      \* deferred2[p]: the same for host page p
+    deferred2       \* deferred2[p]: the same for host page p
+poolVars == <<free1, free2, deferred1, deferred2>>
+
+\* Memory: the tags physical pages hold and the next tag; a restart keeps them (D1).
+VARIABLES
     tags1,          \* tags1[p]: the version tag device page p holds (memory survives frees)
     tags2,          \* tags2[p]: the version tag host page p holds
-    extents,        \* extents[g]: extent g's refcount (0: not live) and page names
-    nextExtent,    \* the next extent generation to issue in this epoch
-    batches,        \* batches[b]: state, slots (in plan order), row lengths before (startTokens) and after (ends)
-    nextBatch,  \* the next batch id in this epoch
-    transfers,      \* transfers[t]: transfer t: kind, pages <<name, source, destination>>, waitsFor
-    inflight,   \* transfers started and not completed (H2D and D2H streams)
-    nextTransfer,      \* the next transfer id in this epoch
-    unreported,      \* completed transfers not yet reported by a poll, in completion order
     nextVersion     \* the next version tag; never resets, not even at a restart (D1)
+memoryVars == <<tags1, tags2, nextVersion>>
 
-vars == <<epoch, generation, live, pages, numTokens, holders, versions, state1, phys1, state2,
-          phys2, nextPage, free1, free2, deferred1, deferred2, tags1, tags2, extents, nextExtent,
-          batches, nextBatch, transfers, inflight, nextTransfer, unreported, nextVersion>>
+\* Extents: each extent generation's references and page names.
+VARIABLES
+    extents,        \* extents[g]: extent g's refcount (0: not live) and page names
+    nextExtent      \* the next extent generation to issue in this epoch
+extentVars == <<extents, nextExtent>>
+
+\* Batches: every batch of the epoch, prepared, executed or cancelled.
+VARIABLES
+    batches,        \* batches[b]: state, slots (plan order), row lengths before and after, intents left to apply
+    nextBatch       \* the next batch id in this epoch
+batchVars == <<batches, nextBatch>>
+
+\* Transfers: those in flight, the next id, completions not yet reported.
+VARIABLES
+    transfers,      \* transfers[t]: transfer t: kind, moves [name, src, dst], waitsFor
+    inflight,       \* transfers started and not completed (H2D and D2H streams)
+    nextTransfer,   \* the next transfer id in this epoch
+    unreported      \* completed transfers not yet reported by a poll, in completion order
+transferVars == <<transfers, inflight, nextTransfer, unreported>>
+
+vars == <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars, transferVars>>
 
 -----------------------------------------------------------------------------
-(* Sets, canonical values, helpers.                                        *)
+(* Sets, records and canonical values.                                     *)
 
 Slots == 0 .. MaxRequests - 1
 Names == 0 .. MaxNames - 1
@@ -105,10 +151,17 @@ BIds == 0 .. MaxBatches - 1
 TIds == 0 .. MaxTransfers - 1
 CopyState == {"absent", "filling", "valid"}
 BatchState == {"prepared", "executed", "cancelled"}
-Kinds == {"Backup", "Restore", "Demote", "Drop"}
-NoExt == <<-1, 0>>                       \* "no extent" in a plan item or restore slot
+IntentKinds == {"Backup", "Restore", "Demote", "Drop"}
+
+(* Handles, named as the protocol's fields (no runtime_id: see above).     *)
+RequestHandles == [epoch : 0 .. MaxEpoch, slotId : Slots, generation : 0 .. MaxGeneration]
+ExtentRefs == [epoch : 0 .. MaxEpoch, generation : EIds]
+BatchHandles == [epoch : 0 .. MaxEpoch, batchId : BIds]
+(* A move of a transfer: page name, source and destination physical page.  *)
+Moves == [name : Names, src : Nat, dst : Nat]
+
 NoExtent == [refcount |-> 0, pages |-> <<>>]
-NoBatch == [state |-> "none", slots |-> <<>>, startTokens |-> <<>>, ends |-> <<>>]
+NoBatch == [state |-> "none", slots |-> <<>>, startTokens |-> <<>>, ends |-> <<>>, intents |-> <<>>]
 NoTransfer == [kind |-> "none", pages |-> <<>>, waitsFor |-> {}]
 
 Range(s) == {s[i] : i \in DOMAIN s}
@@ -122,39 +175,74 @@ RECURSIVE Concat(_)
 Concat(ss) == IF ss = <<>> THEN <<>> ELSE Head(ss) \o Concat(Tail(ss))
 
 -----------------------------------------------------------------------------
-(* Handles.  A request handle is <<epoch, slot, generation>>, an extent    *)
-(* ref <<epoch, generation>>, a batch handle <<epoch, batch id>>.          *)
+(* Handle checks (H1): a handle is valid only in its epoch, at its slot's  *)
+(* generation, for a live extent or a batch issued in this epoch.          *)
 
-ValidReq(h) == /\ h[1] = epoch
-               /\ h[2] \in Slots
-               /\ h[3] = generation[h[2]]
-               /\ live[h[2]]
-ValidExt(x) == /\ x[1] = epoch
-               /\ x[2] \in EIds
-               /\ extents[x[2]].refcount > 0
-ValidBatch(bh) == /\ bh[1] = epoch
-                  /\ bh[2] \in BIds
-                  /\ bh[2] < nextBatch
+ValidReq(h) == /\ h.epoch = epoch
+               /\ h.slotId \in Slots
+               /\ h.generation = generation[h.slotId]
+               /\ live[h.slotId]
+ValidExt(x) == /\ x.epoch = epoch
+               /\ x.generation \in EIds
+               /\ extents[x.generation].refcount > 0
+ValidBatch(bh) == /\ bh.epoch = epoch
+                  /\ bh.batchId \in BIds
+                  /\ bh.batchId < nextBatch
 
 Exists(n) == holders[n] > 0
 InPrepared(s) == \E b \in BIds : batches[b].state = "prepared" /\ s \in Range(batches[b].slots)
 RowHeld == UNION {Range(pages[s]) : s \in {s2 \in Slots : live[s2]}}
 
-(* Transfers that read or write physical page p of a tier.                 *)
-Touch1(p) == {t \in inflight : \E i \in DOMAIN transfers[t].pages :
-                 \/ transfers[t].kind = "backup" /\ transfers[t].pages[i][2] = p
-                 \/ transfers[t].kind = "restore" /\ transfers[t].pages[i][3] = p}
-Touch2(p) == {t \in inflight : \E i \in DOMAIN transfers[t].pages :
-                 \/ transfers[t].kind = "backup" /\ transfers[t].pages[i][3] = p
-                 \/ transfers[t].kind = "restore" /\ transfers[t].pages[i][2] = p}
+-----------------------------------------------------------------------------
+(* The tier state: copies, pools and transfers as one record T.  Frees and *)
+(* tier intents are functions of it, so that the intents of one plan or    *)
+(* one submit apply one after another inside one step, all or none (the   *)
+(* runtime keeps a journal to undo the earlier ones when a later fails).   *)
+
+Tiers == [state1 |-> state1, phys1 |-> phys1, state2 |-> state2, phys2 |-> phys2,
+          free1 |-> free1, free2 |-> free2, deferred1 |-> deferred1, deferred2 |-> deferred2,
+          transfers |-> transfers, inflight |-> inflight, nextTransfer |-> nextTransfer,
+          unreported |-> unreported]
+SetTiers(T) == /\ state1' = T.state1 /\ phys1' = T.phys1 /\ state2' = T.state2 /\ phys2' = T.phys2
+               /\ free1' = T.free1 /\ free2' = T.free2 /\ deferred1' = T.deferred1 /\ deferred2' = T.deferred2
+               /\ transfers' = T.transfers /\ inflight' = T.inflight /\ nextTransfer' = T.nextTransfer
+               /\ unreported' = T.unreported
+
+(* Transfers in flight that read or write physical page p of a tier.      *)
+Touch1(T, p) == {t \in T.inflight : \E i \in DOMAIN T.transfers[t].pages :
+                    \/ T.transfers[t].kind = "backup" /\ T.transfers[t].pages[i].src = p
+                    \/ T.transfers[t].kind = "restore" /\ T.transfers[t].pages[i].dst = p}
+Touch2(T, p) == {t \in T.inflight : \E i \in DOMAIN T.transfers[t].pages :
+                    \/ T.transfers[t].kind = "backup" /\ T.transfers[t].pages[i].dst = p
+                    \/ T.transfers[t].kind = "restore" /\ T.transfers[t].pages[i].src = p}
 
 (* Freeing physical pages ps (a sequence) of a tier: each goes to the end  *)
 (* of the free list, or, while a transfer touches it, is deferred until    *)
 (* that transfer completes (O3).                                           *)
-Free1After(ps) == LET ok(p) == Touch1(p) = {} IN free1 \o SelectSeq(ps, ok)
-Deferred1After(ps) == [p \in Phys1 |-> IF p \in Range(ps) /\ Touch1(p) # {} THEN Touch1(p) ELSE deferred1[p]]
-Free2After(ps) == LET ok(p) == Touch2(p) = {} IN free2 \o SelectSeq(ps, ok)
-Deferred2After(ps) == [p \in Phys2 |-> IF p \in Range(ps) /\ Touch2(p) # {} THEN Touch2(p) ELSE deferred2[p]]
+Free1After(T, ps) == LET ok(p) == Touch1(T, p) = {} IN T.free1 \o SelectSeq(ps, ok)
+Deferred1After(T, ps) == [p \in Phys1 |-> IF p \in Range(ps) /\ Touch1(T, p) # {} THEN Touch1(T, p) ELSE T.deferred1[p]]
+Free2After(T, ps) == LET ok(p) == Touch2(T, p) = {} IN T.free2 \o SelectSeq(ps, ok)
+Deferred2After(T, ps) == [p \in Phys2 |-> IF p \in Range(ps) /\ Touch2(T, p) # {} THEN Touch2(T, p) ELSE T.deferred2[p]]
+
+(* The physical pages of the copies that names ns (a sequence) have.       *)
+PhysSeq1(T, ns) == LET has(n) == T.state1[n] # "absent" IN
+                   LET hs == SelectSeq(ns, has) IN [i \in 1 .. Len(hs) |-> T.phys1[hs[i]]]
+PhysSeq2(T, ns) == LET has(n) == T.state2[n] # "absent" IN
+                   LET hs == SelectSeq(ns, has) IN [i \in 1 .. Len(hs) |-> T.phys2[hs[i]]]
+
+(* T without the device (host) copies of names ns: their pages are freed.  *)
+DropCopies1(T, ns) == LET gone == Range(ns)
+                          ps == PhysSeq1(T, ns)
+                      IN [T EXCEPT !.state1 = [n \in Names |-> IF n \in gone THEN "absent" ELSE T.state1[n]],
+                                   !.phys1 = [n \in Names |-> IF n \in gone THEN -1 ELSE T.phys1[n]],
+                                   !.free1 = Free1After(T, ps),
+                                   !.deferred1 = Deferred1After(T, ps)]
+DropCopies2(T, ns) == LET gone == Range(ns)
+                          ps == PhysSeq2(T, ns)
+                      IN [T EXCEPT !.state2 = [n \in Names |-> IF n \in gone THEN "absent" ELSE T.state2[n]],
+                                   !.phys2 = [n \in Names |-> IF n \in gone THEN -1 ELSE T.phys2[n]],
+                                   !.free2 = Free2After(T, ps),
+                                   !.deferred2 = Deferred2After(T, ps)]
 
 (* Every page name of sequence S loses one holder; a page whose count     *)
 (* reaches 0 ends: its copies are freed (or deferred), in the order the    *)
@@ -163,28 +251,157 @@ Ending(S) == {n \in Range(S) : holders[n] = Count(S, n)}
 EndSeq(S) == LET last(i) == S[i] \in Ending(S) /\ \A j \in DOMAIN S : j > i => S[j] # S[i]
                  idx == SelectSeq([i \in 1 .. Len(S) |-> i], last)
              IN [k \in 1 .. Len(idx) |-> S[idx[k]]]
-PhysSeq1(ns) == LET has(n) == state1[n] # "absent" IN
-                LET hs == SelectSeq(ns, has) IN [i \in 1 .. Len(hs) |-> phys1[hs[i]]]
-PhysSeq2(ns) == LET has(n) == state2[n] # "absent" IN
-                LET hs == SelectSeq(ns, has) IN [i \in 1 .. Len(hs) |-> phys2[hs[i]]]
 DropHolders(S) ==
-    LET E == Ending(S)
+    LET ending == Ending(S)
         es == EndSeq(S)
     IN /\ holders' = [n \in Names |-> holders[n] - Count(S, n)]
-       /\ versions' = [n \in Names |-> IF n \in E THEN 0 ELSE versions[n]]
-       /\ state1' = [n \in Names |-> IF n \in E THEN "absent" ELSE state1[n]]
-       /\ phys1' = [n \in Names |-> IF n \in E THEN -1 ELSE phys1[n]]
-       /\ state2' = [n \in Names |-> IF n \in E THEN "absent" ELSE state2[n]]
-       /\ phys2' = [n \in Names |-> IF n \in E THEN -1 ELSE phys2[n]]
-       /\ free1' = Free1After(PhysSeq1(es))
-       /\ deferred1' = Deferred1After(PhysSeq1(es))
-       /\ free2' = Free2After(PhysSeq2(es))
-       /\ deferred2' = Deferred2After(PhysSeq2(es))
+       /\ versions' = [n \in Names |-> IF n \in ending THEN 0 ELSE versions[n]]
+       /\ SetTiers(DropCopies2(DropCopies1(Tiers, es), es))
 
-(* The pages of extent g a restore moves: those without a device copy.     *)
-RestorePages(g) == LET none(n) == state1[n] = "absent" IN SelectSeq(extents[g].pages, none)
-(* The pages of extent g a backup moves: those without a host copy.        *)
-BackupPages(g) == LET none(n) == state2[n] = "absent" IN SelectSeq(extents[g].pages, none)
+(* A transfer starts with moves ms, after the transfers ws; one with      *)
+(* nothing to move completes at once.                                      *)
+StartTransfer(T, kind, ms, ws) ==
+    IF ms = <<>>
+      THEN [T EXCEPT !.nextTransfer = @ + 1, !.unreported = Append(@, T.nextTransfer)]
+      ELSE [T EXCEPT !.nextTransfer = @ + 1,
+                     !.transfers[T.nextTransfer] = [kind |-> kind, pages |-> ms, waitsFor |-> ws],
+                     !.inflight = @ \cup {T.nextTransfer}]
+
+-----------------------------------------------------------------------------
+(* Tier intents on extent generation g: for each, whether it applies to    *)
+(* the tier state T (the typed error it raises otherwise is named beside   *)
+(* the guard) and the tier state after it.                                 *)
+
+(* Backup: pages without a host copy get one (filling) and a D2H starts,   *)
+(* after the transfers still filling their device sources.                 *)
+BackupPages(T, g) == LET none(n) == T.state2[n] = "absent" IN SelectSeq(extents[g].pages, none)
+BackupOk(T, g) ==
+    /\ Len(BackupPages(T, g)) <= Len(T.free2)                           \* OutOfPages(L2)
+    /\ T.nextTransfer < MaxTransfers                                    \* model bound
+AfterBackup(T, g) ==
+    LET bs == BackupPages(T, g)
+        Taken == [T EXCEPT !.state2 = [n \in Names |-> IF n \in Range(bs) THEN "filling" ELSE T.state2[n]],
+                           !.phys2 = [n \in Names |-> IF n \in Range(bs)
+                                                     THEN T.free2[CHOOSE i \in 1 .. Len(bs) : bs[i] = n]
+                                                     ELSE T.phys2[n]],
+                           !.free2 = SubSeq(T.free2, Len(bs) + 1, Len(T.free2))]
+    IN StartTransfer(Taken, "backup",
+                     [i \in 1 .. Len(bs) |-> [name |-> bs[i], src |-> T.phys1[bs[i]], dst |-> T.free2[i]]],
+                     UNION {IF T.state1[n] = "filling" THEN Touch1(T, T.phys1[n]) ELSE {} : n \in Range(bs)})
+
+(* Restore: pages without a device copy get one (filling) and an H2D      *)
+(* starts, after any D2H still filling its host source (scenario 1).      *)
+RestorePages(T, g) == LET none(n) == T.state1[n] = "absent" IN SelectSeq(extents[g].pages, none)
+RestoreOk(T, g) ==
+    /\ \A n \in Range(RestorePages(T, g)) : T.state2[n] # "absent"     \* NotBackedUp
+    /\ Len(RestorePages(T, g)) <= Len(T.free1)                          \* OutOfPages(L1)
+    /\ T.nextTransfer < MaxTransfers                                    \* model bound
+AfterRestore(T, g) ==
+    LET rs == RestorePages(T, g)
+        Taken == [T EXCEPT !.state1 = [n \in Names |-> IF n \in Range(rs) THEN "filling" ELSE T.state1[n]],
+                           !.phys1 = [n \in Names |-> IF n \in Range(rs)
+                                                     THEN T.free1[CHOOSE i \in 1 .. Len(rs) : rs[i] = n]
+                                                     ELSE T.phys1[n]],
+                           !.free1 = SubSeq(T.free1, Len(rs) + 1, Len(T.free1))]
+    IN StartTransfer(Taken, "restore",
+                     [i \in 1 .. Len(rs) |-> [name |-> rs[i], src |-> T.phys2[rs[i]], dst |-> T.free1[i]]],
+                     UNION {IF T.state2[n] = "filling" THEN Touch2(T, T.phys2[n]) ELSE {} : n \in Range(rs)})
+
+(* Demote: the device copies go; every page needs a host copy and no live *)
+(* row may map one.                                                        *)
+DemoteOk(T, g) ==
+    /\ \A n \in Range(extents[g].pages) : T.state2[n] # "absent"       \* NotBackedUp
+    /\ Range(extents[g].pages) \cap RowHeld = {}                        \* ExtentInUse
+AfterDemote(T, g) == DropCopies1(T, extents[g].pages)
+
+(* Drop: the host copies go; every page needs a device copy.               *)
+DropOk(T, g) == \A n \in Range(extents[g].pages) : T.state1[n] # "absent"  \* WouldLoseData
+AfterDrop(T, g) == DropCopies2(T, extents[g].pages)
+
+(* An intent is [kind |-> one of IntentKinds, extent |-> an extent ref].   *)
+IntentOk(T, i) ==
+    /\ ValidExt(i.extent) /\ L2Pages > 0                                \* NoL2 without a host tier
+    /\ CASE i.kind = "Backup" -> BackupOk(T, i.extent.generation)
+         [] i.kind = "Restore" -> RestoreOk(T, i.extent.generation)
+         [] i.kind = "Demote" -> DemoteOk(T, i.extent.generation)
+         [] i.kind = "Drop" -> DropOk(T, i.extent.generation)
+AfterIntent(T, i) ==
+    CASE i.kind = "Backup" -> AfterBackup(T, i.extent.generation)
+      [] i.kind = "Restore" -> AfterRestore(T, i.extent.generation)
+      [] i.kind = "Demote" -> AfterDemote(T, i.extent.generation)
+      [] i.kind = "Drop" -> AfterDrop(T, i.extent.generation)
+(* A sequence of intents applies in order, each to what the last left.    *)
+RECURSIVE IntentsOk(_, _)
+IntentsOk(T, is) == IF is = <<>> THEN TRUE ELSE IntentOk(T, Head(is)) /\ IntentsOk(AfterIntent(T, Head(is)), Tail(is))
+RECURSIVE AfterIntents(_, _)
+AfterIntents(T, is) == IF is = <<>> THEN T ELSE AfterIntents(AfterIntent(T, Head(is)), Tail(is))
+
+-----------------------------------------------------------------------------
+(* Plans.  A plan is [items |-> <<[request |-> a request handle,         *)
+(* attach |-> <<extent refs>>], ...>>, intents |-> <<intents>>].           *)
+
+ItemSlot(it) == it.request.slotId
+AttachedPages(it) == Concat([j \in DOMAIN it.attach |-> extents[it.attach[j].generation].pages])
+RowEnd(it) == Len(pages[ItemSlot(it)]) + Len(AttachedPages(it)) + 1
+PlanSlots(P) == {ItemSlot(P.items[i]) : i \in DOMAIN P.items}
+ItemOf(P, s) == CHOOSE i \in DOMAIN P.items : ItemSlot(P.items[i]) = s
+NewName(i) == nextPage + i - 1                   \* the page name item i computes into
+NewNames(P) == {NewName(i) : i \in DOMAIN P.items}
+IsRestore(i) == i.kind = "Restore"
+NotRestore(i) == i.kind # "Restore"
+PlanRestores(P) == SelectSeq(P.intents, IsRestore)       \* started at PrepareBatch
+ExecuteIntents(P) == SelectSeq(P.intents, NotRestore)    \* applied at ExecuteBatch
+Restoring(P) == UNION {Range(RestorePages(Tiers, PlanRestores(P)[i].extent.generation)) : i \in DOMAIN PlanRestores(P)}
+
+(* The plan's handles are valid and its items name distinct requests.      *)
+PlanValid(P) ==
+    /\ Len(P.items) >= 1                                                \* InvalidPlan
+    /\ \A i \in DOMAIN P.items : /\ ValidReq(P.items[i].request)
+                                 /\ \A j \in DOMAIN P.items[i].attach : ValidExt(P.items[i].attach[j])
+    /\ \A i \in DOMAIN P.intents : ValidExt(P.intents[i].extent) /\ L2Pages > 0   \* NoL2
+    /\ \A i, j \in DOMAIN P.items : i # j => ItemSlot(P.items[i]) # ItemSlot(P.items[j])  \* InvalidPlan
+
+(* The plan fits: attached pages are resident or restored, rows and the   *)
+(* device pool have room, and the model bounds hold.                       *)
+PlanFits(P) ==
+    LET restoring == Restoring(P) IN
+    /\ \A i \in DOMAIN P.items : LET it == P.items[i] IN
+          /\ it.attach # <<>> => Len(pages[ItemSlot(it)]) = 0           \* InvalidPlan
+          /\ \A n \in Range(AttachedPages(it)) :
+                state1[n] # "absent" \/ n \in restoring                  \* NotResident
+          /\ RowEnd(it) <= MaxRequestTokens                              \* RowFull
+    /\ Len(P.items) + Cardinality(restoring) <= Len(free1)             \* OutOfPages(L1)
+    /\ nextBatch < MaxBatches /\ nextPage + Len(P.items) <= MaxNames   \* model bounds
+
+(* T with one new page per item, valid, on the first free device pages.   *)
+AfterNewPages(T, P) ==
+    LET new == NewNames(P) IN
+    [T EXCEPT !.state1 = [n \in Names |-> IF n \in new THEN "valid" ELSE T.state1[n]],
+              !.phys1 = [n \in Names |-> IF n \in new THEN T.free1[n - nextPage + 1] ELSE T.phys1[n]],
+              !.free1 = SubSeq(T.free1, Len(P.items) + 1, Len(T.free1))]
+
+(* Each item's row maps its attached pages (each gains a holder) and then *)
+(* its new page.                                                           *)
+MapRows(P) ==
+    LET slots == PlanSlots(P)
+        new == NewNames(P)
+        attached == Concat([i \in DOMAIN P.items |-> AttachedPages(P.items[i])])
+    IN
+    /\ pages' = [s \in Slots |-> IF s \in slots
+                                   THEN LET i == ItemOf(P, s) IN pages[s] \o AttachedPages(P.items[i]) \o <<NewName(i)>>
+                                   ELSE pages[s]]
+    /\ holders' = [n \in Names |-> IF n \in new THEN 1 ELSE holders[n] + Count(attached, n)]
+    /\ nextPage' = nextPage + Len(P.items)
+
+(* The batch is recorded as prepared, with the intents left for execute.   *)
+RecordBatch(P) ==
+    /\ batches' = [batches EXCEPT ![nextBatch] =
+                    [state |-> "prepared",
+                     slots |-> [i \in DOMAIN P.items |-> ItemSlot(P.items[i])],
+                     startTokens |-> [i \in DOMAIN P.items |-> Len(pages[ItemSlot(P.items[i])])],
+                     ends |-> [i \in DOMAIN P.items |-> RowEnd(P.items[i])],
+                     intents |-> ExecuteIntents(P)]]
+    /\ nextBatch' = nextBatch + 1
 
 -----------------------------------------------------------------------------
 TypeOK ==
@@ -194,21 +411,23 @@ TypeOK ==
     /\ \A s \in Slots : pages[s] \in Seq(Names) /\ Len(pages[s]) <= MaxRequestTokens
     /\ numTokens \in [Slots -> 0 .. MaxRequestTokens]
     /\ holders \in [Names -> Nat] /\ versions \in [Names -> Nat]
+    /\ nextPage \in 0 .. MaxNames
     /\ state1 \in [Names -> CopyState] /\ state2 \in [Names -> CopyState]
     /\ phys1 \in [Names -> Phys1 \cup {-1}] /\ phys2 \in [Names -> Phys2 \cup {-1}]
-    /\ nextPage \in 0 .. MaxNames
     /\ free1 \in Seq(Phys1) /\ free2 \in Seq(Phys2)
     /\ deferred1 \in [Phys1 -> SUBSET TIds] /\ deferred2 \in [Phys2 -> SUBSET TIds]
     /\ tags1 \in [Phys1 -> Nat] /\ tags2 \in [Phys2 -> Nat]
+    /\ nextVersion \in Nat \ {0}
     /\ \A g \in EIds : extents[g].refcount \in 0 .. MaxRefcount /\ extents[g].pages \in Seq(Names)
     /\ nextExtent \in 1 .. MaxExtents + 1
-    /\ \A b \in BIds : batches[b].state \in {"none"} \cup BatchState
+    /\ \A b \in BIds : /\ batches[b].state \in {"none"} \cup BatchState
+                       /\ \A i \in DOMAIN batches[b].intents : batches[b].intents[i].kind \in IntentKinds \ {"Restore"}
     /\ nextBatch \in 0 .. MaxBatches
-    /\ \A t \in TIds : transfers[t].kind \in {"none", "backup", "restore"}
+    /\ \A t \in TIds : /\ transfers[t].kind \in {"none", "backup", "restore"}
+                       /\ \A i \in DOMAIN transfers[t].pages : transfers[t].pages[i] \in Moves
     /\ inflight \subseteq TIds
     /\ nextTransfer \in 0 .. MaxTransfers
     /\ unreported \in Seq(TIds)
-    /\ nextVersion \in Nat \ {0}
 
 Init ==
     /\ epoch = 0
@@ -218,17 +437,18 @@ Init ==
     /\ numTokens = [s \in Slots |-> 0]
     /\ holders = [n \in Names |-> 0]
     /\ versions = [n \in Names |-> 0]
+    /\ nextPage = 0
     /\ state1 = [n \in Names |-> "absent"]
     /\ phys1 = [n \in Names |-> -1]
     /\ state2 = [n \in Names |-> "absent"]
     /\ phys2 = [n \in Names |-> -1]
-    /\ nextPage = 0
     /\ free1 = Seq0(L1Pages)
     /\ free2 = Seq0(L2Pages)
     /\ deferred1 = [p \in Phys1 |-> {}]
     /\ deferred2 = [p \in Phys2 |-> {}]
     /\ tags1 = [p \in Phys1 |-> 0]
     /\ tags2 = [p \in Phys2 |-> 0]
+    /\ nextVersion = 1
     /\ extents = [g \in EIds |-> NoExtent]
     /\ nextExtent = 1
     /\ batches = [b \in BIds |-> NoBatch]
@@ -237,314 +457,198 @@ Init ==
     /\ inflight = {}
     /\ nextTransfer = 0
     /\ unreported = <<>>
-    /\ nextVersion = 1
 
 -----------------------------------------------------------------------------
-(* OpenRequest: the lowest-numbered slot that is not live becomes live     *)
-(* with an empty row, at its current generation (OutOfSlots otherwise).   *)
+(* Actions: one per boundary operation (the model's method in CamelCase;  *)
+(* one per tier intent for submit), plus the environment's                 *)
+(* CompleteTransfer.                                                       *)
+
+\* OpenRequest: the lowest slot that is not live opens with an empty row (OutOfSlots otherwise).
 OpenRequest ==
     /\ \E s \in Slots : ~live[s]
     /\ LET s == CHOOSE v \in Slots : ~live[v] /\ \A w \in Slots : ~live[w] => v <= w
        IN /\ live' = [live EXCEPT ![s] = TRUE]
           /\ pages' = [pages EXCEPT ![s] = <<>>]
           /\ numTokens' = [numTokens EXCEPT ![s] = 0]
-    /\ UNCHANGED <<epoch, generation, holders, versions, state1, phys1, state2, phys2, nextPage,
-                   free1, free2, deferred1, deferred2, tags1, tags2, extents, nextExtent, batches,
-                   nextBatch, transfers, inflight, nextTransfer, unreported, nextVersion>>
+    /\ UNCHANGED <<epoch, generation, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
+                   transferVars>>
 
-(* CloseRequest: the slot stops being live and its generation grows at    *)
-(* once (H2); every page its row maps loses a holder (RequestBusy while    *)
-(* the request is in a prepared batch).                                    *)
+\* CloseRequest: the slot closes at a new generation (H2) and its row's pages lose a holder
+\* (RequestBusy while in a prepared batch).
 CloseRequest(h) ==
     /\ ValidReq(h)
-    /\ ~InPrepared(h[2])
-    /\ generation[h[2]] < MaxGeneration                                        \* model bound
-    /\ LET s == h[2] IN
+    /\ ~InPrepared(h.slotId)
+    /\ generation[h.slotId] < MaxGeneration                              \* model bound
+    /\ LET s == h.slotId IN
        /\ live' = [live EXCEPT ![s] = FALSE]
        /\ generation' = [generation EXCEPT ![s] = @ + 1]
        /\ pages' = [pages EXCEPT ![s] = <<>>]
        /\ numTokens' = [numTokens EXCEPT ![s] = 0]
        /\ DropHolders(pages[s])
-    /\ UNCHANGED <<epoch, nextPage, tags1, tags2, extents, nextExtent, batches, nextBatch,
-                   transfers, inflight, nextTransfer, unreported, nextVersion>>
+    /\ UNCHANGED <<epoch, nextPage, memoryVars, extentVars, batchVars>>
 
-(* PrepareBatch: validate a plan, start its restore, map attached extents  *)
-(* to the front of their rows and allocate one new page per item; nothing *)
-(* changes if any check fails (InvalidPlan, NotBackedUp, NotResident,     *)
-(* RowFull, OutOfPages).  A plan is [items |-> <<<<req, extent ref or      *)
-(* NoExt>>, ...>>, restore |-> extent ref or NoExt].                       *)
+\* PrepareBatch: a valid plan that fits starts its restores, maps each row and records the batch;
+\* nothing changes otherwise.
 PrepareBatch(P) ==
-    LET its == P.items
-        k == Len(its)
-        slot(i) == its[i][1][2]
-        att(i) == its[i][2]
-        attPages(i) == IF att(i) = NoExt THEN <<>> ELSE extents[att(i)[2]].pages
-        rx == P.restore
-        rs == IF rx = NoExt THEN <<>> ELSE RestorePages(rx[2])
-        r == Len(rs)
-        end(i) == Len(pages[slot(i)]) + Len(attPages(i)) + 1
-        newName(i) == nextPage + i - 1
-        newNames == {newName(i) : i \in 1 .. k}
-        item(s) == CHOOSE i \in 1 .. k : slot(i) = s
-        attached == Concat([i \in 1 .. k |-> attPages(i)])
-        t == nextTransfer
-    IN
-    \* handle checks and preconditions, in the model's order
-    /\ k >= 1
-    /\ \A i \in 1 .. k : ValidReq(its[i][1]) /\ (att(i) = NoExt \/ ValidExt(att(i)))
-    /\ rx = NoExt \/ (ValidExt(rx) /\ L2Pages > 0)
-    /\ \A i, j \in 1 .. k : i # j => slot(i) # slot(j)
-    /\ \A i \in 1 .. r : state2[rs[i]] # "absent"                       \* NotBackedUp
-    /\ \A i \in 1 .. k : att(i) # NoExt => Len(pages[slot(i)]) = 0      \* InvalidPlan
-    /\ \A i \in 1 .. k : \A n \in Range(attPages(i)) :
-          state1[n] # "absent" \/ n \in Range(rs)                       \* NotResident
-    /\ \A i \in 1 .. k : end(i) <= MaxRequestTokens                         \* RowFull
-    /\ k + r <= Len(free1)                                              \* OutOfPages(L1)
-    /\ nextBatch < MaxBatches /\ nextPage + k <= MaxNames               \* model bounds
-    /\ rx # NoExt => nextTransfer < MaxTransfers
-    \* effects: the restore (H2D) starts on the first r free device pages
-    /\ IF rx = NoExt
-         THEN UNCHANGED <<transfers, inflight, nextTransfer, unreported>>
-       ELSE IF r = 0
-         THEN /\ nextTransfer' = t + 1                                  \* nothing to move: completes at once
-              /\ unreported' = Append(unreported, t)
-              /\ UNCHANGED <<transfers, inflight>>
-       ELSE /\ transfers' = [transfers EXCEPT ![t] =
-                 [kind |-> "restore",
-                  pages |-> [i \in 1 .. r |-> <<rs[i], phys2[rs[i]], free1[i]>>],
-                  waitsFor |-> UNION {IF state2[rs[i]] = "filling" THEN Touch2(phys2[rs[i]]) ELSE {} : i \in 1 .. r}]]
-            /\ inflight' = inflight \cup {t}
-            /\ nextTransfer' = t + 1
-            /\ UNCHANGED unreported
-    \* attached pages gain a holder; new pages are named and placed after them
-    /\ pages' = [s \in Slots |-> IF \E i \in 1 .. k : slot(i) = s
-                               THEN pages[s] \o attPages(item(s)) \o <<newName(item(s))>>
-                               ELSE pages[s]]
-    /\ holders' = [n \in Names |-> IF n \in newNames THEN 1 ELSE holders[n] + Count(attached, n)]
-    /\ state1' = [n \in Names |-> IF n \in newNames THEN "valid"
-                              ELSE IF n \in Range(rs) THEN "filling" ELSE state1[n]]
-    /\ phys1' = [n \in Names |-> IF n \in newNames THEN free1[r + n - nextPage + 1]
-                              ELSE IF n \in Range(rs)
-                                   THEN free1[CHOOSE i \in 1 .. r : rs[i] = n]
-                                   ELSE phys1[n]]
-    /\ free1' = SubSeq(free1, r + k + 1, Len(free1))
-    /\ nextPage' = nextPage + k
-    /\ batches' = [batches EXCEPT ![nextBatch] =
-                    [state |-> "prepared",
-                     slots |-> [i \in 1 .. k |-> slot(i)],
-                     startTokens |-> [i \in 1 .. k |-> Len(pages[slot(i)])],
-                     ends |-> [i \in 1 .. k |-> end(i)]]]
-    /\ nextBatch' = nextBatch + 1
-    /\ UNCHANGED <<epoch, generation, live, numTokens, versions, state2, phys2, free2, deferred1,
-                   deferred2, tags1, tags2, extents, nextExtent, nextVersion>>
+    /\ PlanValid(P)
+    /\ PlanFits(P)
+    /\ IntentsOk(Tiers, PlanRestores(P))
+    /\ SetTiers(AfterNewPages(AfterIntents(Tiers, PlanRestores(P)), P))
+    /\ MapRows(P)
+    /\ RecordBatch(P)
+    /\ UNCHANGED <<epoch, generation, live, numTokens, versions, memoryVars, extentVars>>
 
-(* ExecuteBatch: compute, once it may (KV_READY: no H2D into a page it     *)
-(* reads is in flight, O1), writes each item's token with the next version *)
-(* tag; the batch is executed and never runs again (O4).  Not enabled if   *)
-(* executed (AlreadyExecuted), cancelled (NotPrepared) or if an earlier    *)
-(* prepared batch shares a request (OutOfOrder).                           *)
+(* ExecuteBatch may run once no earlier prepared batch shares a request   *)
+(* (OutOfOrder) and it is prepared (AlreadyExecuted, NotPrepared); its     *)
+(* compute waits for KV_READY: no H2D into a page it reads in flight (O1). *)
 ExecuteBatchOk(bh) ==
     /\ ValidBatch(bh)
-    /\ batches[bh[2]].state = "prepared"
-    /\ \A c \in BIds : c < bh[2] /\ batches[c].state = "prepared"
-          => Range(batches[c].slots) \cap Range(batches[bh[2]].slots) = {}
+    /\ batches[bh.batchId].state = "prepared"
+    /\ \A c \in BIds : c < bh.batchId /\ batches[c].state = "prepared"
+          => Range(batches[c].slots) \cap Range(batches[bh.batchId].slots) = {}
 KVReady(bh) ==
-    LET B == batches[bh[2]]
+    LET B == batches[bh.batchId]
         reads == UNION {{pages[B.slots[i]][j] : j \in 1 .. B.ends[i]} : i \in DOMAIN B.slots}
     IN \A t \in inflight : transfers[t].kind = "restore" =>
-          \A i \in DOMAIN transfers[t].pages : transfers[t].pages[i][1] \notin reads
-ExecuteBatch(bh) ==
-    LET b == bh[2]
-        B == batches[b]
-        k == Len(B.slots)
-        written(i) == pages[B.slots[i]][B.ends[i]]
-        wrote == {written(i) : i \in 1 .. k}
-        idx(n) == CHOOSE i \in 1 .. k : written(i) = n
-        physIdx(p) == CHOOSE i \in 1 .. k : phys1[written(i)] = p
+          \A i \in DOMAIN transfers[t].pages : transfers[t].pages[i].name \notin reads
+
+(* Compute of batch B writes each item's token with the next version tag. *)
+Compute(B) ==
+    LET written(i) == pages[B.slots[i]][B.ends[i]]
+        wrote == {written(i) : i \in DOMAIN B.slots}
+        idx(n) == CHOOSE i \in DOMAIN B.slots : written(i) = n
+        physIdx(p) == CHOOSE i \in DOMAIN B.slots : phys1[written(i)] = p
     IN
+    /\ versions' = [n \in Names |-> IF n \in wrote THEN nextVersion + idx(n) - 1 ELSE versions[n]]
+    /\ tags1' = [p \in Phys1 |-> IF \E i \in DOMAIN B.slots : phys1[written(i)] = p
+                                   THEN nextVersion + physIdx(p) - 1 ELSE tags1[p]]
+    /\ numTokens' = [s \in Slots |-> IF s \in Range(B.slots)
+                                       THEN B.ends[CHOOSE i \in DOMAIN B.slots : B.slots[i] = s]
+                                       ELSE numTokens[s]]
+    /\ nextVersion' = nextVersion + Len(B.slots)
+
+\* ExecuteBatch: compute runs, then the plan's intents apply in order (all or none); the batch
+\* never runs again (O4).
+ExecuteBatch(bh) ==
     /\ ExecuteBatchOk(bh)
     /\ KVReady(bh)
-    /\ versions' = [n \in Names |-> IF n \in wrote THEN nextVersion + idx(n) - 1 ELSE versions[n]]
-    /\ tags1' = [p \in Phys1 |-> IF \E i \in 1 .. k : phys1[written(i)] = p
-                              THEN nextVersion + physIdx(p) - 1 ELSE tags1[p]]
-    /\ numTokens' = [s \in Slots |-> IF s \in Range(B.slots)
-                                THEN B.ends[CHOOSE i \in 1 .. k : B.slots[i] = s]
-                                ELSE numTokens[s]]
-    /\ batches' = [batches EXCEPT ![b].state = "executed"]
-    /\ nextVersion' = nextVersion + k
-    /\ UNCHANGED <<epoch, generation, live, pages, holders, state1, phys1, state2, phys2, nextPage,
-                   free1, free2, deferred1, deferred2, tags2, extents, nextExtent, nextBatch,
-                   transfers, inflight, nextTransfer, unreported>>
+    /\ IntentsOk(Tiers, batches[bh.batchId].intents)
+    /\ Compute(batches[bh.batchId])
+    /\ SetTiers(AfterIntents(Tiers, batches[bh.batchId].intents))
+    /\ batches' = [batches EXCEPT ![bh.batchId].state = "executed"]
+    /\ UNCHANGED <<epoch, generation, live, pages, holders, nextPage, tags2, extentVars, nextBatch>>
 
-(* CancelBatch: the batch's new and attached pages lose their holder and   *)
-(* rows return to their previous length; restores it started go on.  Not  *)
-(* enabled if executed, cancelled, or a later prepared batch shares a      *)
-(* request (BatchDependency).                                              *)
+\* CancelBatch: rows return to their length before the batch and its pages lose their holder;
+\* started restores go on.
 CancelBatch(bh) ==
-    LET b == bh[2]
-        B == batches[b]
-        k == Len(B.slots)
-        dropped == Concat([i \in 1 .. k |-> SubSeq(pages[B.slots[i]], B.startTokens[i] + 1, Len(pages[B.slots[i]]))])
+    LET B == batches[bh.batchId]
+        added(i) == SubSeq(pages[B.slots[i]], B.startTokens[i] + 1, Len(pages[B.slots[i]]))
     IN
     /\ ValidBatch(bh)
     /\ B.state = "prepared"
-    /\ \A c \in BIds : c > b /\ batches[c].state = "prepared" => Range(batches[c].slots) \cap Range(B.slots) = {}
+    /\ \A c \in BIds : c > bh.batchId /\ batches[c].state = "prepared"
+          => Range(batches[c].slots) \cap Range(B.slots) = {}             \* BatchDependency
     /\ pages' = [s \in Slots |-> IF s \in Range(B.slots)
-                               THEN SubSeq(pages[s], 1, B.startTokens[CHOOSE i \in 1 .. k : B.slots[i] = s])
-                               ELSE pages[s]]
-    /\ DropHolders(dropped)
-    /\ batches' = [batches EXCEPT ![b].state = "cancelled"]
-    /\ UNCHANGED <<epoch, generation, live, numTokens, nextPage, tags1, tags2, extents, nextExtent,
-                   nextBatch, transfers, inflight, nextTransfer, unreported, nextVersion>>
+                                   THEN SubSeq(pages[s], 1, B.startTokens[CHOOSE i \in DOMAIN B.slots : B.slots[i] = s])
+                                   ELSE pages[s]]
+    /\ DropHolders(Concat([i \in DOMAIN B.slots |-> added(i)]))
+    /\ batches' = [batches EXCEPT ![bh.batchId].state = "cancelled"]
+    /\ UNCHANGED <<epoch, generation, live, numTokens, nextPage, memoryVars, extentVars, nextBatch>>
 
-(* Publish: full computed pages first..first+count-1 of a row become a new *)
-(* extent with one reference; each page gains a holder (InvalidPageRun).   *)
+\* Publish: computed pages first+1..first+count of a row become an extent with one reference; each
+\* gains a holder (InvalidPageRun).
 Publish(h, first, count) ==
-    LET s == h[2]
-        ps == SubSeq(pages[s], first + 1, first + count)
-    IN
+    LET ps == SubSeq(pages[h.slotId], first + 1, first + count) IN
     /\ ValidReq(h)
-    /\ count >= 1 /\ first >= 0 /\ first + count <= numTokens[s]
+    /\ count >= 1 /\ first >= 0 /\ first + count <= numTokens[h.slotId]
     /\ nextExtent <= MaxExtents                                         \* model bound
     /\ holders' = [n \in Names |-> holders[n] + Count(ps, n)]
     /\ extents' = [extents EXCEPT ![nextExtent] = [refcount |-> 1, pages |-> ps]]
     /\ nextExtent' = nextExtent + 1
-    /\ UNCHANGED <<epoch, generation, live, pages, numTokens, versions, state1, phys1, state2,
-                   phys2, nextPage, free1, free2, deferred1, deferred2, tags1, tags2, batches,
-                   nextBatch, transfers, inflight, nextTransfer, unreported, nextVersion>>
+    /\ UNCHANGED <<epoch, requestVars, versions, nextPage, copyVars, poolVars, memoryVars, batchVars,
+                   transferVars>>
 
-(* Split: an extent with one reference ends and two new extents            *)
-(* cover its first `at` pages and the rest; holders do not change          *)
-(* (ExtentShared, InvalidPageRun).                                         *)
+\* Split: an extent with one reference ends and two new ones cover its first `at` pages and the
+\* rest (ExtentShared, InvalidPageRun).
 Split(x, at) ==
-    LET g == x[2]
-        ps == extents[g].pages
-    IN
+    LET ps == extents[x.generation].pages IN
     /\ ValidExt(x)
-    /\ extents[g].refcount = 1
+    /\ extents[x.generation].refcount = 1
     /\ 0 < at /\ at < Len(ps)
     /\ nextExtent + 1 <= MaxExtents                                     \* model bound
-    /\ extents' = [extents EXCEPT ![g] = NoExtent,
+    /\ extents' = [extents EXCEPT ![x.generation] = NoExtent,
                           ![nextExtent] = [refcount |-> 1, pages |-> SubSeq(ps, 1, at)],
                           ![nextExtent + 1] = [refcount |-> 1, pages |-> SubSeq(ps, at + 1, Len(ps))]]
     /\ nextExtent' = nextExtent + 2
-    /\ UNCHANGED <<epoch, generation, live, pages, numTokens, holders, versions, state1, phys1,
-                   state2, phys2, nextPage, free1, free2, deferred1, deferred2, tags1, tags2,
-                   batches, nextBatch, transfers, inflight, nextTransfer, unreported, nextVersion>>
+    /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, batchVars, transferVars>>
 
-(* Retain: a live extent gains a reference.                                *)
+(* Retain: a live extent gains a reference. *)
 Retain(x) ==
     /\ ValidExt(x)
-    /\ extents[x[2]].refcount < MaxRefcount                                  \* model bound
-    /\ extents' = [extents EXCEPT ![x[2]].refcount = @ + 1]
-    /\ UNCHANGED <<epoch, generation, live, pages, numTokens, holders, versions, state1, phys1,
-                   state2, phys2, nextPage, free1, free2, deferred1, deferred2, tags1, tags2,
-                   nextExtent, batches, nextBatch, transfers, inflight, nextTransfer, unreported,
-                   nextVersion>>
+    /\ extents[x.generation].refcount < MaxRefcount                     \* model bound
+    /\ extents' = [extents EXCEPT ![x.generation].refcount = @ + 1]
+    /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, nextExtent, batchVars,
+                   transferVars>>
 
-(* Release: a live extent loses a reference; with the last one it ends and *)
-(* each of its pages loses a holder (a released ref is stale: R4).         *)
+\* Release: a live extent loses a reference; with the last one it ends and its pages lose a holder.
 Release(x) ==
-    LET g == x[2] IN
     /\ ValidExt(x)
-    /\ IF extents[g].refcount = 1
-         THEN /\ extents' = [extents EXCEPT ![g] = NoExtent]
-              /\ DropHolders(extents[g].pages)
-         ELSE /\ extents' = [extents EXCEPT ![g].refcount = @ - 1]
-              /\ UNCHANGED <<holders, versions, state1, phys1, state2, phys2, free1, free2,
-                             deferred1, deferred2>>
-    /\ UNCHANGED <<epoch, generation, live, pages, numTokens, nextPage, tags1, tags2, nextExtent,
-                   batches, nextBatch, transfers, inflight, nextTransfer, unreported, nextVersion>>
+    /\ IF extents[x.generation].refcount = 1
+         THEN /\ extents' = [extents EXCEPT ![x.generation] = NoExtent]
+              /\ DropHolders(extents[x.generation].pages)
+         ELSE /\ extents' = [extents EXCEPT ![x.generation].refcount = @ - 1]
+              /\ UNCHANGED <<holders, versions, copyVars, poolVars>>
+    /\ UNCHANGED <<epoch, requestVars, nextPage, memoryVars, nextExtent, batchVars, transferVars>>
 
-(* Submit: one tier intent on a live extent (NoL2 without a host tier).    *)
-(*  Backup: pages without a host copy get one (filling) and a D2H starts,  *)
-(*    ordered after the compute that wrote them (OutOfPages(L2)).          *)
-(*  Restore: pages without a device copy get one (filling) and an H2D      *)
-(*    starts, after any D2H still filling its source (NotBackedUp,         *)
-(*    OutOfPages(L1)).                                                     *)
-(*  Demote: drop the device copies; needs a host copy of every page and no *)
-(*    live row mapping one (NotBackedUp, ExtentInUse).                     *)
-(*  Drop: drop the host copies; needs a device copy of every page          *)
-(*    (WouldLoseData).                                                     *)
-StartTransfer(kind, ms, ws) ==
-    /\ nextTransfer < MaxTransfers                                      \* model bound
-    /\ nextTransfer' = nextTransfer + 1
-    /\ IF ms = <<>>
-         THEN /\ unreported' = Append(unreported, nextTransfer)         \* nothing to move: completes at once
-              /\ UNCHANGED <<transfers, inflight>>
-         ELSE /\ transfers' = [transfers EXCEPT ![nextTransfer] = [kind |-> kind, pages |-> ms, waitsFor |-> ws]]
-              /\ inflight' = inflight \cup {nextTransfer}
-              /\ UNCHANGED unreported
+(* SubmitBackup: a submit of one Backup intent (NoL2, OutOfPages(L2)). *)
+SubmitBackup(x) ==
+    /\ ValidExt(x) /\ L2Pages > 0
+    /\ BackupOk(Tiers, x.generation)
+    /\ SetTiers(AfterBackup(Tiers, x.generation))
+    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
 
-Submit(kind, x) ==
-    LET g == x[2]
-        ps == extents[g].pages
-        bs == BackupPages(g)
-        rs == RestorePages(g)
-    IN
-    /\ ValidExt(x)
-    /\ L2Pages > 0
-    /\ CASE kind = "Backup" ->
-              /\ Len(bs) <= Len(free2)                                  \* OutOfPages(L2)
-              /\ StartTransfer("backup",
-                    [i \in 1 .. Len(bs) |-> <<bs[i], phys1[bs[i]], free2[i]>>],
-                    UNION {IF state1[bs[i]] = "filling" THEN Touch1(phys1[bs[i]]) ELSE {} : i \in 1 .. Len(bs)})
-              /\ state2' = [n \in Names |-> IF n \in Range(bs) THEN "filling" ELSE state2[n]]
-              /\ phys2' = [n \in Names |-> IF n \in Range(bs)
-                                        THEN free2[CHOOSE i \in 1 .. Len(bs) : bs[i] = n]
-                                        ELSE phys2[n]]
-              /\ free2' = SubSeq(free2, Len(bs) + 1, Len(free2))
-              /\ UNCHANGED <<state1, phys1, free1, deferred1, deferred2>>
-         [] kind = "Restore" ->
-              /\ \A n \in Range(rs) : state2[n] # "absent"              \* NotBackedUp
-              /\ Len(rs) <= Len(free1)                                  \* OutOfPages(L1)
-              /\ StartTransfer("restore",
-                    [i \in 1 .. Len(rs) |-> <<rs[i], phys2[rs[i]], free1[i]>>],
-                    UNION {IF state2[rs[i]] = "filling" THEN Touch2(phys2[rs[i]]) ELSE {} : i \in 1 .. Len(rs)})
-              /\ state1' = [n \in Names |-> IF n \in Range(rs) THEN "filling" ELSE state1[n]]
-              /\ phys1' = [n \in Names |-> IF n \in Range(rs)
-                                        THEN free1[CHOOSE i \in 1 .. Len(rs) : rs[i] = n]
-                                        ELSE phys1[n]]
-              /\ free1' = SubSeq(free1, Len(rs) + 1, Len(free1))
-              /\ UNCHANGED <<state2, phys2, free2, deferred1, deferred2>>
-         [] kind = "Demote" ->
-              /\ \A n \in Range(ps) : state2[n] # "absent"              \* NotBackedUp
-              /\ Range(ps) \cap RowHeld = {}                            \* ExtentInUse
-              /\ state1' = [n \in Names |-> IF n \in Range(ps) THEN "absent" ELSE state1[n]]
-              /\ phys1' = [n \in Names |-> IF n \in Range(ps) THEN -1 ELSE phys1[n]]
-              /\ free1' = Free1After(PhysSeq1(ps))
-              /\ deferred1' = Deferred1After(PhysSeq1(ps))
-              /\ UNCHANGED <<state2, phys2, free2, deferred2, transfers, inflight, nextTransfer,
-                             unreported>>
-         [] kind = "Drop" ->
-              /\ \A n \in Range(ps) : state1[n] # "absent"              \* WouldLoseData
-              /\ state2' = [n \in Names |-> IF n \in Range(ps) THEN "absent" ELSE state2[n]]
-              /\ phys2' = [n \in Names |-> IF n \in Range(ps) THEN -1 ELSE phys2[n]]
-              /\ free2' = Free2After(PhysSeq2(ps))
-              /\ deferred2' = Deferred2After(PhysSeq2(ps))
-              /\ UNCHANGED <<state1, phys1, free1, deferred1, transfers, inflight, nextTransfer,
-                             unreported>>
-    /\ UNCHANGED <<epoch, generation, live, pages, numTokens, holders, versions, nextPage, tags1,
-                   tags2, extents, nextExtent, batches, nextBatch, nextVersion>>
+\* SubmitRestore: a submit of one Restore intent (NoL2, NotBackedUp, OutOfPages(L1)).
+SubmitRestore(x) ==
+    /\ ValidExt(x) /\ L2Pages > 0
+    /\ RestoreOk(Tiers, x.generation)
+    /\ SetTiers(AfterRestore(Tiers, x.generation))
+    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
 
-(* PollCompletions: the completions not yet reported are reported, once.   *)
+\* SubmitDemote: a submit of one Demote intent (NoL2, NotBackedUp, ExtentInUse).
+SubmitDemote(x) ==
+    /\ ValidExt(x) /\ L2Pages > 0
+    /\ DemoteOk(Tiers, x.generation)
+    /\ SetTiers(AfterDemote(Tiers, x.generation))
+    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+
+(* SubmitDrop: a submit of one Drop intent (NoL2, WouldLoseData). *)
+SubmitDrop(x) ==
+    /\ ValidExt(x) /\ L2Pages > 0
+    /\ DropOk(Tiers, x.generation)
+    /\ SetTiers(AfterDrop(Tiers, x.generation))
+    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+
+\* Submit: a submit of several intents applies them in order, each to what the last left, all or
+\* none.
+Submit(is) ==
+    /\ IntentsOk(Tiers, is)
+    /\ SetTiers(AfterIntents(Tiers, is))
+    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+
+(* PollCompletions: the completions not yet reported are reported, once. *)
 PollCompletions ==
     /\ unreported' = <<>>
-    /\ UNCHANGED <<epoch, generation, live, pages, numTokens, holders, versions, state1, phys1,
-                   state2, phys2, nextPage, free1, free2, deferred1, deferred2, tags1, tags2,
-                   extents, nextExtent, batches, nextBatch, transfers, inflight, nextTransfer,
-                   nextVersion>>
+    /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
+                   transfers, inflight, nextTransfer>>
 
-(* WaitCompletions: blocks until no transfer is in flight (the environment *)
-(* completes them), then reports as PollCompletions does.                  *)
+\* WaitCompletions: blocks until nothing is in flight (the environment completes it), then reports
+\* as PollCompletions.
 WaitCompletions ==
     /\ inflight = {}
     /\ PollCompletions
 
-(* Restart: drains the transfers in flight (enabled once the environment  *)
-(* has completed them: their copies land), then everything is forgotten;   *)
-(* live slots' generations and the epoch grow, so every handle is stale   *)
-(* (scenario 5); version tags and the tags memory holds carry on (D1).     *)
+\* Restart: once nothing is in flight, everything but memory is forgotten; live slots' generations
+\* and the epoch grow (scenario 5).
 Restart ==
     /\ inflight = {}
     /\ epoch < MaxEpoch /\ \A s \in Slots : live[s] => generation[s] < MaxGeneration  \* model bounds
@@ -555,11 +659,11 @@ Restart ==
     /\ numTokens' = [s \in Slots |-> 0]
     /\ holders' = [n \in Names |-> 0]
     /\ versions' = [n \in Names |-> 0]
+    /\ nextPage' = 0
     /\ state1' = [n \in Names |-> "absent"]
     /\ phys1' = [n \in Names |-> -1]
     /\ state2' = [n \in Names |-> "absent"]
     /\ phys2' = [n \in Names |-> -1]
-    /\ nextPage' = 0
     /\ free1' = Seq0(L1Pages)
     /\ free2' = Seq0(L2Pages)
     /\ deferred1' = [p \in Phys1 |-> {}]
@@ -572,30 +676,28 @@ Restart ==
     /\ inflight' = {}
     /\ nextTransfer' = 0
     /\ unreported' = <<>>
-    /\ UNCHANGED <<tags1, tags2, nextVersion>>
+    /\ UNCHANGED memoryVars
 
-(* CompleteTransfer (environment): a transfer whose predecessors have      *)
-(* completed lands: its destinations receive the sources' tags, copies it  *)
-(* filled become valid, and deferred frees that waited only on it run.     *)
+\* CompleteTransfer (environment): a transfer whose predecessors completed lands; copies it filled
+\* become valid, frees waiting only on it run.
 CompleteTransfer(t) ==
     LET ms == transfers[t].pages
-        bk == transfers[t].kind = "backup"
-        dsts == {ms[i][3] : i \in DOMAIN ms}
-        srcOf(d) == ms[CHOOSE i \in DOMAIN ms : ms[i][3] = d][2]
-        filled(n, p) == \E i \in DOMAIN ms : ms[i][1] = n /\ ms[i][3] = p
+        dsts == {ms[i].dst : i \in DOMAIN ms}
+        srcOf(d) == ms[CHOOSE i \in DOMAIN ms : ms[i].dst = d].src
+        filled(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
         rel1 == {p \in Phys1 : deferred1[p] = {t}}
         rel2 == {p \in Phys2 : deferred2[p] = {t}}
     IN
     /\ t \in inflight
     /\ transfers[t].waitsFor \cap inflight = {}
-    /\ IF bk
+    /\ IF transfers[t].kind = "backup"
          THEN /\ tags2' = [p \in Phys2 |-> IF p \in dsts THEN tags1[srcOf(p)] ELSE tags2[p]]
               /\ state2' = [n \in Names |-> IF Exists(n) /\ state2[n] # "absent" /\ filled(n, phys2[n])
-                                        THEN "valid" ELSE state2[n]]
+                                              THEN "valid" ELSE state2[n]]
               /\ UNCHANGED <<tags1, state1>>
          ELSE /\ tags1' = [p \in Phys1 |-> IF p \in dsts THEN tags2[srcOf(p)] ELSE tags1[p]]
               /\ state1' = [n \in Names |-> IF Exists(n) /\ state1[n] # "absent" /\ filled(n, phys1[n])
-                                        THEN "valid" ELSE state1[n]]
+                                              THEN "valid" ELSE state1[n]]
               /\ UNCHANGED <<tags2, state2>>
     /\ deferred1' = [p \in Phys1 |-> deferred1[p] \ {t}]
     /\ deferred2' = [p \in Phys2 |-> deferred2[p] \ {t}]
@@ -604,34 +706,41 @@ CompleteTransfer(t) ==
     /\ inflight' = inflight \ {t}
     /\ transfers' = [transfers EXCEPT ![t] = NoTransfer]
     /\ unreported' = Append(unreported, t)
-    /\ UNCHANGED <<epoch, generation, live, pages, numTokens, holders, versions, phys1, phys2,
-                   nextPage, extents, nextExtent, batches, nextBatch, nextTransfer, nextVersion>>
+    /\ UNCHANGED <<epoch, requestVars, pageVars, phys1, phys2, nextVersion, extentVars, batchVars,
+                   nextTransfer>>
 
 -----------------------------------------------------------------------------
 (* The next-state relation: control calls every operation with current     *)
 (* handles (a stale handle enables nothing: H1 below checks it), the       *)
 (* environment completes transfers.                                        *)
 
-ReqH(s) == <<epoch, s, generation[s]>>
-ExtH(g) == <<epoch, g>>
+ReqH(s) == [epoch |-> epoch, slotId |-> s, generation |-> generation[s]]
+ExtH(g) == [epoch |-> epoch, generation |-> g]
+BatchH(b) == [epoch |-> epoch, batchId |-> b]
 LiveExts == {g \in EIds : extents[g].refcount > 0}
-AttachChoices == {NoExt} \cup {ExtH(g) : g \in LiveExts}
+TierIntents == [kind : IntentKinds, extent : {ExtH(g) : g \in LiveExts}]
+AttachChoices == {<<>>} \cup {<<ExtH(g)>> : g \in LiveExts}
+PlanIntentChoices == {<<>>} \cup {<<i>> : i \in {j \in TierIntents : j.kind \in PlanIntentKinds}}
 Plans ==
-    UNION {{[items |-> [i \in 1 .. Len(ss) |-> <<ReqH(ss[i]), a[i]>>], restore |-> rx] :
-               a \in [1 .. Len(ss) -> AttachChoices], rx \in AttachChoices} :
+    UNION {{[items |-> [i \in 1 .. Len(ss) |-> [request |-> ReqH(ss[i]), attach |-> a[i]]], intents |-> is] :
+               a \in [1 .. Len(ss) -> AttachChoices], is \in PlanIntentChoices} :
            ss \in {SortedSeq(S) : S \in (SUBSET {s \in Slots : live[s]}) \ {{}}}}
 
 Next ==
     \/ OpenRequest
     \/ \E s \in Slots : CloseRequest(ReqH(s))
     \/ \E P \in Plans : PrepareBatch(P)
-    \/ \E b \in BIds : ExecuteBatch(<<epoch, b>>) \/ CancelBatch(<<epoch, b>>)
+    \/ \E b \in BIds : ExecuteBatch(BatchH(b)) \/ CancelBatch(BatchH(b))
     \/ \E s \in Slots, f \in 0 .. MaxRequestTokens - 1, c \in 1 .. MaxRequestTokens : Publish(ReqH(s), f, c)
     \/ \E g \in LiveExts :
           \/ Retain(ExtH(g))
           \/ Release(ExtH(g))
           \/ \E at \in 1 .. MaxRequestTokens : Split(ExtH(g), at)
-          \/ \E kind \in Kinds : Submit(kind, ExtH(g))
+          \/ SubmitBackup(ExtH(g))
+          \/ SubmitRestore(ExtH(g))
+          \/ SubmitDemote(ExtH(g))
+          \/ SubmitDrop(ExtH(g))
+    \/ MaxSubmitIntents >= 2 /\ \E i, j \in TierIntents : Submit(<<i, j>>)
     \/ PollCompletions
     \/ WaitCompletions
     \/ Restart
@@ -644,46 +753,47 @@ Spec == Init /\ [][Next]_vars
 (* are never read again before being overwritten, so states that differ   *)
 (* only there behave alike.                                                *)
 Read1 == {phys1[n] : n \in {m \in Names : state1[m] = "valid"}}
-         \cup UNION {{transfers[t].pages[i][2] : i \in DOMAIN transfers[t].pages} :
+         \cup UNION {{transfers[t].pages[i].src : i \in DOMAIN transfers[t].pages} :
                      t \in {u \in inflight : transfers[u].kind = "backup"}}
 Read2 == {phys2[n] : n \in {m \in Names : state2[m] = "valid"}}
-         \cup UNION {{transfers[t].pages[i][2] : i \in DOMAIN transfers[t].pages} :
+         \cup UNION {{transfers[t].pages[i].src : i \in DOMAIN transfers[t].pages} :
                      t \in {u \in inflight : transfers[u].kind = "restore"}}
-View == <<epoch, generation, live, pages, numTokens, holders, versions, state1, phys1, state2,
-          phys2, nextPage, free1, free2, deferred1, deferred2,
+View == <<epoch, requestVars, pageVars, copyVars, poolVars,
           [p \in Phys1 |-> IF p \in Read1 THEN tags1[p] ELSE 0],
-          [p \in Phys2 |-> IF p \in Read2 THEN tags2[p] ELSE 0], extents, nextExtent, batches,
-          nextBatch, transfers, inflight, nextTransfer, unreported, nextVersion>>
+          [p \in Phys2 |-> IF p \in Read2 THEN tags2[p] ELSE 0], nextVersion,
+          extentVars, batchVars, transferVars>>
 
 (* Liveness: the environment completes every transfer it can and control   *)
 (* executes every batch it can.                                            *)
 Fairness ==
     /\ \A t \in TIds : WF_vars(CompleteTransfer(t))
-    /\ \A b \in BIds : WF_vars(ExecuteBatch(<<epoch, b>>))
+    /\ \A b \in BIds : WF_vars(ExecuteBatch(BatchH(b)))
 LiveSpec == Spec /\ Fairness
 
 -----------------------------------------------------------------------------
 (* Invariants, named by catalogue id (spec/invariants.md).                 *)
 
-ReqHandles == (0 .. MaxEpoch) \X Slots \X (0 .. MaxGeneration)
-StaleReq(h) == h[1] < epoch \/ (h[1] = epoch /\ h[3] < generation[h[2]])
-StaleExt(x) == x[1] < epoch \/ (x[1] = epoch /\ x[2] < nextExtent /\ extents[x[2]].refcount = 0)
-StaleBatch(bh) == bh[1] < epoch
+StaleReq(h) == h.epoch < epoch \/ (h.epoch = epoch /\ h.generation < generation[h.slotId])
+StaleExt(x) == x.epoch < epoch \/ (x.epoch = epoch /\ x.generation < nextExtent /\ extents[x.generation].refcount = 0)
+StaleBatch(bh) == bh.epoch < epoch
 
 (* H1: no operation given a stale handle is enabled: it changes nothing.   *)
 H1_StaleRequestHandle ==
-    \A h \in ReqHandles : StaleReq(h) =>
+    \A h \in RequestHandles : StaleReq(h) =>
         /\ ~ENABLED CloseRequest(h)
         /\ ~ENABLED Publish(h, 0, 1)
-        /\ ~ENABLED PrepareBatch([items |-> <<<<h, NoExt>>>>, restore |-> NoExt])
+        /\ ~ENABLED PrepareBatch([items |-> <<[request |-> h, attach |-> <<>>]>>, intents |-> <<>>])
 H1_StaleExtentRef ==
-    \A x \in (0 .. MaxEpoch) \X EIds : StaleExt(x) =>
+    \A x \in ExtentRefs : StaleExt(x) =>
         /\ ~ENABLED Retain(x)
         /\ ~ENABLED Release(x)
         /\ ~ENABLED Split(x, 1)
-        /\ \A kind \in Kinds : ~ENABLED Submit(kind, x)
+        /\ ~ENABLED SubmitBackup(x)
+        /\ ~ENABLED SubmitRestore(x)
+        /\ ~ENABLED SubmitDemote(x)
+        /\ ~ENABLED SubmitDrop(x)
 H1_StaleBatchHandle ==
-    \A bh \in (0 .. MaxEpoch) \X BIds : StaleBatch(bh) =>
+    \A bh \in BatchHandles : StaleBatch(bh) =>
         ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh)
 H1 == H1_StaleRequestHandle /\ H1_StaleExtentRef /\ H1_StaleBatchHandle
 
@@ -693,7 +803,7 @@ H2 == [][\A s \in Slots : /\ generation'[s] >= generation[s]
                           /\ (live[s] /\ ~live'[s]) => generation'[s] > generation[s]]_vars
 
 (* H3: at most one request handle per slot is current.                     *)
-H3 == \A s \in Slots : Cardinality({h \in ReqHandles : h[2] = s /\ ValidReq(h)}) <= 1
+H3 == \A s \in Slots : Cardinality({h \in RequestHandles : h.slotId = s /\ ValidReq(h)}) <= 1
 
 Mapped1 == {phys1[n] : n \in {m \in Names : state1[m] # "absent"}}
 Mapped2 == {phys2[n] : n \in {m \in Names : state2[m] # "absent"}}
@@ -735,13 +845,13 @@ O1 == \A s \in Slots : live[s] => \A i \in 1 .. numTokens[s] : i <= Len(pages[s]
 
 (* O2: an in-flight D2H moves only pages that completed compute wrote.     *)
 O2 == \A t \in inflight : transfers[t].kind = "backup" =>
-        \A i \in DOMAIN transfers[t].pages : Exists(transfers[t].pages[i][1]) => versions[transfers[t].pages[i][1]] # 0
+        \A i \in DOMAIN transfers[t].pages : LET n == transfers[t].pages[i].name IN Exists(n) => versions[n] # 0
 
 (* O3: no physical page an in-flight transfer reads or writes is free.     *)
-O3 == \A t \in inflight : \A i \in DOMAIN transfers[t].pages :
+O3 == \A t \in inflight : \A i \in DOMAIN transfers[t].pages : LET m == transfers[t].pages[i] IN
         IF transfers[t].kind = "backup"
-          THEN transfers[t].pages[i][2] \notin Range(free1) /\ transfers[t].pages[i][3] \notin Range(free2)
-          ELSE transfers[t].pages[i][2] \notin Range(free2) /\ transfers[t].pages[i][3] \notin Range(free1)
+          THEN m.src \notin Range(free1) /\ m.dst \notin Range(free2)
+          ELSE m.src \notin Range(free2) /\ m.dst \notin Range(free1)
 
 (* O4 (an action property): within an epoch an executed or cancelled      *)
 (* batch stays so, and only a prepared batch executes.                     *)
@@ -754,9 +864,9 @@ D1 == \A n \in Names : Exists(n) /\ versions[n] # 0 =>
         /\ state1[n] = "valid" => tags1[phys1[n]] = versions[n]
         /\ state2[n] = "valid" => tags2[phys2[n]] = versions[n]
 
-(* D1 at the reads: compute of a batch that may execute reads, for every   *)
-(* token of each row, the tag last written there.                          *)
-D1_Reads == \A b \in BIds : (ENABLED ExecuteBatch(<<epoch, b>>)) =>
+(* D1 at the reads: compute of a batch that may run reads, for every token *)
+(* of each row, the tag last written there.                                *)
+D1_Reads == \A b \in BIds : ExecuteBatchOk(BatchH(b)) /\ KVReady(BatchH(b)) =>
         \A i \in DOMAIN batches[b].slots : \A j \in 1 .. batches[b].ends[i] - 1 :
             LET n == pages[batches[b].slots[i]][j] IN versions[n] # 0 => tags1[phys1[n]] = versions[n]
 

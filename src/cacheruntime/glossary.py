@@ -167,8 +167,8 @@ def _complete(rows: list[Row], column: str, corpus: Corpus) -> list[str]:
     """Names the artifact has and the glossary lacks: TLA+ variables, fields of named records."""
     named = {name for row in rows for name in row.names(column)}
     if column == "TLA+":
-        declared = re.search(r"^VARIABLES\n(.*?)\n\n", corpus.text, re.MULTILINE | re.DOTALL)
-        variables = re.findall(r"^[ \t]+(\w+),?[ \t]*(?:\\\*.*)?$", declared.group(1), re.MULTILINE) if declared else []
+        blocks = re.findall(r"^VARIABLES?\b(.*?)\n(?=\S)", corpus.text, re.MULTILINE | re.DOTALL)  # one per variable group
+        variables = [v for block in blocks for v in re.findall(r"^[ \t]*(\w+),?[ \t]*(?:\\\*.*)?$", block, re.MULTILINE)]
         mentioned = {n.partition(".")[0] for n in named}
         return [f"{GLOSSARY}: TLA+ variable `{v}` ({corpus.where}) has no row" for v in variables if v not in mentioned]
     if column not in ("model", "runtime"):

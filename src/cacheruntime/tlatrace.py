@@ -1,10 +1,11 @@
 """Model <-> spec correspondence: traces of the Python reference model, checked by TLC.
 
 A `TraceRecorder` wraps a `ReferenceModel` (configured as the spec abstracts it: page
-size 1, one token per batch item, at most one attach per item, at most one Restore per
-plan, one intent per `submit`) and records every call as a trace step: the TLA+ action
-name, its arguments as TLA+ values, whether the call succeeded and, if it did, the whole
-model state after it, projected onto the variables of `tla/CacheRuntime.tla`.
+size 1, one token per batch item, at most one attach per item, tier intents only in a
+plan, one or two intents per `submit`) and records every call as a trace step: the TLA+
+action name, its arguments as TLA+ values (handles, plans and intents as records with
+the spec's field names), whether the call succeeded and, if it did, the whole model state
+after it, projected onto the variable groups of `tla/CacheRuntime.tla`.
 Transfers that a call completes implicitly (the restores `execute_batch` waits for,
 everything `wait_completions` drains) are recorded first as explicit `CompleteTransfer`
 steps, in the order the model completes them: in the spec those calls are enabled only
@@ -47,6 +48,7 @@ from cacheruntime.protocol import (
     RequestRuntimeHandle,
     Restore,
     Tier,
+    TierIntent,
 )
 from cacheruntime.tlatools import find_jar
 
@@ -68,9 +70,12 @@ class Bounds:
     MaxGeneration: int = 6
     MaxEpoch: int = 2
     MaxRefcount: int = 3
+    # bounds of `Next` only: the trace check replays the recorded actions, whatever they carry
+    PlanIntentKinds: frozenset[str] = frozenset({"Restore", "Backup", "Demote", "Drop"})
+    MaxSubmitIntents: int = 2
 
     def cfg_constants(self) -> str:
-        return "\n".join(f"    {k} = {v}" for k, v in self.__dict__.items())
+        return "\n".join(f"    {k} = {tla(v)}" for k, v in self.__dict__.items())
 
 
 # -- TLA+ values ---------------------------------------------------------------------
@@ -107,19 +112,28 @@ def f0(values) -> Raw:
     return Raw("F0(" + tla(tuple(values)) + ")")
 
 
-NO_EXT = (-1, 0)
+def req(h: RequestRuntimeHandle) -> dict:
+    """A request handle as the spec's record (RequestHandles)."""
+    return {"epoch": h.epoch, "slotId": h.slot_id, "generation": h.generation}
 
 
-def req(h: RequestRuntimeHandle):
-    return (h.epoch, h.slot_id, h.generation)
+def xref(x: CacheExtentRef) -> dict:
+    """An extent ref as the spec's record (ExtentRefs)."""
+    return {"epoch": x.epoch, "generation": x.generation}
 
 
-def xref(x: CacheExtentRef | None):
-    return NO_EXT if x is None else (x.epoch, x.generation)
+def bref(b: PreparedBatchHandle) -> dict:
+    """A batch handle as the spec's record (BatchHandles)."""
+    return {"epoch": b.epoch, "batchId": b.batch_id}
 
 
-def bref(b: PreparedBatchHandle):
-    return (b.epoch, b.batch_id)
+#: The tier intents the spec models, by kind: the same names in both.
+INTENTS: dict[str, type[TierIntent]] = {"Backup": Backup, "Restore": Restore, "Demote": Demote, "Drop": Drop}
+
+
+def intent(i: TierIntent) -> dict:
+    """A tier intent as the spec's record: [kind, extent]."""
+    return {"kind": type(i).__name__, "extent": xref(i.extent)}
 
 
 # -- recording -----------------------------------------------------------------------
@@ -130,7 +144,7 @@ class Step:
     op: str
     args: tuple
     ok: bool
-    post: str | None  # the TLA+ tuple of every variable after the step (None if it failed)
+    post: str | None  # the TLA+ value of `vars` after the step (None if it failed)
     note: str = ""
 
     def tla(self) -> str:
@@ -138,16 +152,25 @@ class Step:
         return f'[op |-> "{self.op}", args |-> {tla(self.args)}, ok |-> {tla(self.ok)}, post |-> {post}]'
 
 
-#: The variables of `tla/CacheRuntime.tla`, in the order of its `vars` tuple: `project`
-#: gives one value for each. Named as the model's record fields (spec/glossary.md).
-VARIABLES = tuple(
-    "epoch generation live pages numTokens holders versions state1 phys1 state2 phys2 nextPage free1 free2 deferred1"
-    " deferred2 tags1 tags2 extents nextExtent batches nextBatch transfers inflight nextTransfer unreported nextVersion".split()
+#: The variable groups of `tla/CacheRuntime.tla`, in the order of its `vars` tuple, each
+#: with its variables in the order of the group's tuple (`epoch` stands alone). Named as
+#: the model's record fields (spec/glossary.md); `project` gives one value per variable.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("epoch", ("epoch",)),
+    ("requestVars", ("generation", "live", "pages", "numTokens")),
+    ("pageVars", ("holders", "versions", "nextPage")),
+    ("copyVars", ("state1", "phys1", "state2", "phys2")),
+    ("poolVars", ("free1", "free2", "deferred1", "deferred2")),
+    ("memoryVars", ("tags1", "tags2", "nextVersion")),
+    ("extentVars", ("extents", "nextExtent")),
+    ("batchVars", ("batches", "nextBatch")),
+    ("transferVars", ("transfers", "inflight", "nextTransfer", "unreported")),
 )
+VARIABLES = tuple(v for _, group in GROUPS for v in group)
 
 
 def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str:
-    """The model's state as the TLA+ tuple `vars` of CacheRuntime.tla.
+    """The model's state as the TLA+ value of `vars` of CacheRuntime.tla: a tuple of groups.
 
     `prepared` holds every batch of the epoch as it was prepared: the spec keeps a finished
     batch's items and lengths, the model only its outcome (`State.finished`).
@@ -171,7 +194,7 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str
     for bid in range(b.MaxBatches):
         rec = prepared[bid] if bid in st.batches or bid in st.finished else None
         if rec is None:
-            batches.append({"state": "none", "slots": (), "startTokens": (), "ends": ()})
+            batches.append({"state": "none", "slots": (), "startTokens": (), "ends": (), "intents": ()})
         else:
             batches.append(
                 {
@@ -179,6 +202,7 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str
                     "slots": rec.slots,
                     "startTokens": rec.start_tokens,
                     "ends": rec.ends,
+                    "intents": tuple(intent(i) for i in rec.plan.intents if not isinstance(i, Restore)),
                 }
             )
     transfers = []
@@ -187,41 +211,43 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str
         if t is None:
             transfers.append({"kind": "none", "pages": (), "waitsFor": set()})
         else:
-            transfers.append({"kind": t.kind.value, "pages": tuple(tuple(m) for m in t.pages), "waitsFor": set(t.waits_for)})
-    values = [
-        st.epoch,
-        f0(s.generation for s in st.slots),
-        f0(s.live for s in st.slots),
-        f0(tuple(s.pages) for s in st.slots),
-        f0(s.num_tokens for s in st.slots),
-        f0(pages[n].holders if n in pages else 0 for n in names),
-        f0(pages[n].versions[0] if n in pages else 0 for n in names),
-        f0(copy_state(n, Tier.L1) for n in names),
-        f0(phys(n, Tier.L1) for n in names),
-        f0(copy_state(n, Tier.L2) for n in names),
-        f0(phys(n, Tier.L2) for n in names),
-        st.next_page,
-        tuple(pools[Tier.L1].free),
-        tuple(pools[Tier.L2].free),
-        f0(set(pools[Tier.L1].deferred.get(p, ())) for p in range(pools[Tier.L1].total)),
-        f0(set(pools[Tier.L2].deferred.get(p, ())) for p in range(pools[Tier.L2].total)),
-        f0(c[0] for c in pools[Tier.L1].tags),
-        f0(c[0] for c in pools[Tier.L2].tags),
-        tuple(
+            moves = tuple({"name": name, "src": src, "dst": dst} for name, src, dst in t.pages)
+            transfers.append({"kind": t.kind.value, "pages": moves, "waitsFor": set(t.waits_for)})
+    values = {
+        "epoch": st.epoch,
+        "generation": f0(s.generation for s in st.slots),
+        "live": f0(s.live for s in st.slots),
+        "pages": f0(tuple(s.pages) for s in st.slots),
+        "numTokens": f0(s.num_tokens for s in st.slots),
+        "holders": f0(pages[n].holders if n in pages else 0 for n in names),
+        "versions": f0(pages[n].versions[0] if n in pages else 0 for n in names),
+        "nextPage": st.next_page,
+        "state1": f0(copy_state(n, Tier.L1) for n in names),
+        "phys1": f0(phys(n, Tier.L1) for n in names),
+        "state2": f0(copy_state(n, Tier.L2) for n in names),
+        "phys2": f0(phys(n, Tier.L2) for n in names),
+        "free1": tuple(pools[Tier.L1].free),
+        "free2": tuple(pools[Tier.L2].free),
+        "deferred1": f0(set(pools[Tier.L1].deferred.get(p, ())) for p in range(pools[Tier.L1].total)),
+        "deferred2": f0(set(pools[Tier.L2].deferred.get(p, ())) for p in range(pools[Tier.L2].total)),
+        "tags1": f0(c[0] for c in pools[Tier.L1].tags),
+        "tags2": f0(c[0] for c in pools[Tier.L2].tags),
+        "nextVersion": st.next_version,
+        "extents": tuple(
             {"refcount": st.extents[g].refcount, "pages": tuple(st.extents[g].pages)} if g in st.extents else {"refcount": 0, "pages": ()}
             for g in range(1, b.MaxExtents + 1)
         ),
-        st.next_extent,
-        f0(batches),
-        st.next_batch,
-        f0(transfers),
-        set(st.transfers),
-        st.next_transfer,
-        tuple(c.ticket.transfer_id for c in st.unreported),
-        st.next_version,
-    ]
-    assert len(values) == len(VARIABLES), "one value per variable, in the order of VARIABLES"
-    return tla(tuple(values))
+        "nextExtent": st.next_extent,
+        "batches": f0(batches),
+        "nextBatch": st.next_batch,
+        "transfers": f0(transfers),
+        "inflight": set(st.transfers),
+        "nextTransfer": st.next_transfer,
+        "unreported": tuple(c.ticket.transfer_id for c in st.unreported),
+    }
+    assert set(values) == set(VARIABLES), "one value per variable of the spec"
+    grouped = [values[group] if group == "epoch" else tuple(values[v] for v in members) for group, members in GROUPS]
+    return tla(tuple(grouped))
 
 
 def in_bounds(model: ReferenceModel, b: Bounds) -> bool:
@@ -283,12 +309,12 @@ class TraceRecorder:
     def close_request(self, h):
         return self._do("CloseRequest", (req(h),), lambda m: m.close_request(h))
 
-    def prepare_batch(self, items: list[tuple[RequestRuntimeHandle, CacheExtentRef | None]], restore: CacheExtentRef | None, token: int = 7):
-        plan = BatchPlan(
-            tuple(BatchItem(h, (token,), attach=() if x is None else (x,)) for h, x in items),
-            () if restore is None else (Restore(restore),),
-        )
-        arg = {"items": tuple((req(h), xref(x)) for h, x in items), "restore": xref(restore)}
+    def prepare_batch(self, items: list[tuple[RequestRuntimeHandle, CacheExtentRef | None]], intents: tuple[TierIntent, ...] = (), token: int = 7):
+        plan = BatchPlan(tuple(BatchItem(h, (token,), attach=() if x is None else (x,)) for h, x in items), intents)
+        arg = {
+            "items": tuple({"request": req(h), "attach": () if x is None else (xref(x),)} for h, x in items),
+            "intents": tuple(intent(i) for i in intents),
+        }
         return self._do("PrepareBatch", (arg,), lambda m: m.prepare_batch(plan))
 
     def execute_batch(self, bh):
@@ -316,9 +342,11 @@ class TraceRecorder:
     def release(self, x):
         return self._do("Release", (xref(x),), lambda m: m.release(x))
 
-    def submit(self, kind: str, x):
-        intent = {"Backup": Backup, "Restore": Restore, "Demote": Demote, "Drop": Drop}[kind](x)
-        return self._do("Submit", (kind, xref(x)), lambda m: m.submit((intent,)))
+    def submit(self, intents: tuple[TierIntent, ...]):
+        """One intent is its own action (SubmitBackup, ...); two are `Submit(<<i, j>>)`."""
+        if len(intents) == 1:
+            return self._do("Submit" + type(intents[0]).__name__, (xref(intents[0].extent),), lambda m: m.submit(intents))
+        return self._do("Submit", (tuple(intent(i) for i in intents),), lambda m: m.submit(intents))
 
     def poll_completions(self):
         return self._do("PollCompletions", (), lambda m: m.poll_completions())
@@ -392,11 +420,13 @@ def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[
                 chosen[0] = rng.choice(handles)
             xs = live_extents()
             items = [(h, rng.choice(xs) if xs and rng.random() < 0.35 else None) for h in chosen]
-            restore = None
+            intents: list[TierIntent] = []
             if xs and rng.random() < 0.35:
                 restore = next((x for _, x in items if x is not None), None) if rng.random() < 0.6 else None
-                restore = restore or rng.choice(xs)
-            ok, bh = rec.prepare_batch(items, restore, token=rng.randint(1, 99))
+                intents.append(Restore(restore or rng.choice(xs)))
+            while extents and rng.random() < 0.3 and len(intents) < 3:  # applied at execute, after compute
+                intents.append(INTENTS[rng.choice(["Backup", "Demote", "Drop"])](pick(extents, xs)))
+            ok, bh = rec.prepare_batch(items, tuple(intents), token=rng.randint(1, 99))
             if ok:
                 batches.append(bh)
         elif op == "execute" and batches:
@@ -430,9 +460,14 @@ def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[
             if x:
                 rec.release(x)
         elif op == "submit":
-            x = pick(extents, live_extents())
-            if x:
-                rec.submit(rng.choice(["Backup", "Backup", "Restore", "Demote", "Drop"]), x)
+            kinds = ["Backup", "Backup", "Restore", "Demote", "Drop"]
+            chosen_intents = []
+            for _ in range(2 if rng.random() < 0.3 else 1):
+                x = pick(extents, live_extents())
+                if x:
+                    chosen_intents.append(INTENTS[rng.choice(kinds)](x))
+            if chosen_intents:
+                rec.submit(tuple(chosen_intents))
         elif op == "poll":
             rec.poll_completions()
         elif op == "wait":
@@ -473,7 +508,11 @@ Do(e) ==
       [] e.op = "Split" -> Split(e.args[1], e.args[2])
       [] e.op = "Retain" -> Retain(e.args[1])
       [] e.op = "Release" -> Release(e.args[1])
-      [] e.op = "Submit" -> Submit(e.args[1], e.args[2])
+      [] e.op = "SubmitBackup" -> SubmitBackup(e.args[1])
+      [] e.op = "SubmitRestore" -> SubmitRestore(e.args[1])
+      [] e.op = "SubmitDemote" -> SubmitDemote(e.args[1])
+      [] e.op = "SubmitDrop" -> SubmitDrop(e.args[1])
+      [] e.op = "Submit" -> Submit(e.args[1])
       [] e.op = "PollCompletions" -> PollCompletions
       [] e.op = "WaitCompletions" -> WaitCompletions
       [] e.op = "Restart" -> Restart

@@ -6,6 +6,7 @@ without them. About 5 minutes on 2 cores, most of it the two pass models.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -74,6 +75,10 @@ def test_traces_of_the_model_follow_the_spec(traces):
         "Split",
         "Retain",
         "Release",
+        "SubmitBackup",
+        "SubmitRestore",
+        "SubmitDemote",
+        "SubmitDrop",
         "Submit",
         "PollCompletions",
         "WaitCompletions",
@@ -81,11 +86,35 @@ def test_traces_of_the_model_follow_the_spec(traces):
         "CompleteTransfer",
     }
     assert any(not s.ok for t in traces for s in t), "failed calls (stale handles, errors) are checked too"
+    # the two paths where the runtime needs its journal: intents inside a plan, applied at
+    # execute after compute, and a two-intent submit; each both succeeding and failing
+    executed = _executions_with_plan_intents(traces)
+    assert any(ok for ok, _ in executed), "a batch applies its plan's intents at execute"
+    assert any(note.startswith(("NotBackedUp", "ExtentInUse", "WouldLoseData", "OutOfPages")) for ok, note in executed if not ok), (
+        "an execute fails on its plan's intents after compute (the journal's path)"
+    )
+    two = [s for t in traces for s in t if s.op == "Submit"]
+    assert any(s.ok for s in two) and any(not s.ok for s in two), "two-intent submits succeed and fail"
+
+
+def _executions_with_plan_intents(traces) -> list[tuple[bool, str]]:
+    """(ok, the model's result) of every ExecuteBatch of a batch whose plan has execute-time intents."""
+    outcomes = []
+    for trace in traces:
+        with_intents = set()
+        for step in trace:
+            if step.op == "PrepareBatch" and step.ok and any(i["kind"] != "Restore" for i in step.args[0]["intents"]):
+                handle = re.search(r"epoch=(\d+), batch_id=(\d+)", step.note)
+                assert handle, step.note
+                with_intents.add((int(handle[1]), int(handle[2])))
+            if step.op == "ExecuteBatch" and (step.args[0]["epoch"], step.args[0]["batchId"]) in with_intents:
+                outcomes.append((step.ok, step.note))
+    return outcomes
 
 
 def test_a_wrong_spec_is_caught_at_the_first_differing_step(traces, tmp_path: Path):
     spec = (tlatrace.TLA_DIR / "CacheRuntime.tla").read_text()
-    wrong = spec.replace("    /\\ ~InPrepared(h[2])\n", "")  # CloseRequest forgets RequestBusy
+    wrong = spec.replace("    /\\ ~InPrepared(h.slotId)\n", "")  # CloseRequest forgets RequestBusy
     assert wrong != spec
     (tmp_path / "CacheRuntime.tla").write_text(wrong)
     result = tlatrace.validate(traces[:20], spec=tmp_path / "CacheRuntime.tla", workers=2, java=JAVA, jar=str(JAR))

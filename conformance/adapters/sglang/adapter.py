@@ -190,6 +190,7 @@ class SGLangRuntime:
         self.next_version = 1
         self.calls: Counter = Counter()
         self._depth = 0
+        self._probed: AbstractState | None = None  # SGLang's objects change only inside a boundary call
 
     # -- info --------------------------------------------------------------------------
 
@@ -684,10 +685,12 @@ class SGLangRuntime:
     # -- introspection (test-only) ---------------------------------------------------------
 
     def probe(self) -> AbstractState:
-        """The abstract state, read off SGLang's allocator, request rows, radix tree and host pool (probe.py)."""
-        from .probe import abstract_state
+        """The abstract state, read off SGLang's allocator, request rows, radix tree and host pool (probe.py); cached until the next boundary call."""
+        if self._probed is None:
+            from .probe import abstract_state
 
-        return abstract_state(self)
+            self._probed = abstract_state(self)
+        return self._probed
 
 
 def _boundary(method):
@@ -696,10 +699,12 @@ def _boundary(method):
     @functools.wraps(method)
     def counted(self, *args, **kwargs):
         self._depth += 1
+        self._probed = None
         try:
             result = method(self, *args, **kwargs)
         finally:
             self._depth -= 1
+            self._probed = None
         if self._depth == 0:
             self.calls[method.__name__] += 1
         return result

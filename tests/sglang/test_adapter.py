@@ -29,7 +29,7 @@ pytestmark = pytest.mark.needs_sglang
 def test_is_a_runtime_and_claims_only_what_it_has():
     rt = make_runtime()
     assert isinstance(rt, RuntimeInterface)
-    assert rt.info().capabilities == frozenset({Capability.L2})
+    assert rt.info().capabilities == frozenset({Capability.L2, Capability.INTROSPECTION})
     with pytest.raises(Unsupported):
         rt.restart()
 

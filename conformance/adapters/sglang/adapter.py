@@ -36,7 +36,8 @@ The mapping, in short:
   `allocator.free` (Demote), `evict_host` (Drop), with `io_backend="direct"`; on CPU the
   copy runs inside the call; completions are SGLang's acks.
 
-Capabilities claimed: `L2` only (when `l2_pages > 0`).
+Capabilities claimed: `INTROSPECTION` (probe.py: `probe()` read off SGLang's allocator, rows,
+radix tree and host pool) and `L2` (when `l2_pages > 0`).
 
 Errors: SGLang signals exhaustion by returning None (`alloc`, `write`, `load`); the adapter
 translates exactly those into `OutOfSlots` / `OutOfPages`. Any SGLang exception (an
@@ -49,16 +50,20 @@ call before its first SGLang call, so such a refusal changes nothing.
 
 from __future__ import annotations
 
+import functools
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from cacheruntime import pageruns
 from cacheruntime.protocol import (
+    AbstractState,
     Backup,
     BatchCompletion,
     BatchPlan,
+    BatchState,
     CacheExtentRef,
     Capability,
     Close,
@@ -116,8 +121,9 @@ class _Extent:
 
     pages: tuple[int, ...]
     node: object  # radix_cache.TreeNode
-    key: object  # the RadixKey the entry was inserted (or split) under
+    key: object  # the RadixKey from the root down to the entry's end (match_prefix of it ends at the entry)
     refs: int = 1
+    offset: int = 0  # pages of `key` above the entry (the first parts split off before it)
 
 
 @dataclass
@@ -125,6 +131,8 @@ class _Batch:
     plan: BatchPlan
     ends: dict[int, int]
     starts: dict[int, tuple[int, int, int]]  # row -> (reserved tokens, page count, lock count) before
+    slots: tuple[int, ...] = ()  # the slot names of its items, sorted (probe)
+    state: BatchState = BatchState.PREPARED  # what probe() shows; no call checks it (SGLang has no batch identity)
 
 
 class SGLangRuntime:
@@ -172,11 +180,22 @@ class SGLangRuntime:
         self.write_tickets: list[TransferTicket] = []  # parallel to ack_write_queue
         self.load_tickets: list[TransferTicket] = []  # parallel to ack_load_queue
         self.done: list[TransferCompletion] = []
+        # For probe() only, where SGLang has no counterpart (probe.py): the last handle of
+        # each slot name, the batches finished in order, the version tags compute's
+        # stand-in wrote (spec/protocol.md §1: one per token, from 1, items in plan order)
+        # and the boundary calls that returned.
+        self.slot_history: dict[int, RequestRuntimeHandle] = {}
+        self.finished: list[int] = []
+        self.versions: dict[int, list[int]] = {}
+        self.next_version = 1
+        self.calls: Counter = Counter()
+        self._depth = 0
+        self._probed: AbstractState | None = None  # SGLang's objects change only inside a boundary call
 
     # -- info --------------------------------------------------------------------------
 
     def info(self) -> RuntimeInfo:
-        caps = {Capability.L2} if self.l2_pages else set()
+        caps = {Capability.INTROSPECTION} | ({Capability.L2} if self.l2_pages else set())
         return RuntimeInfo(
             self.runtime_id,
             0,
@@ -260,8 +279,8 @@ class SGLangRuntime:
             pool = self.sg.req_to_token_pool
             pool.write((record.row, slice(0, len(idx))), idx.to(pool.req_to_token.dtype))
 
-    def _named_elsewhere(self, exclude=None) -> set[int]:
-        """Device pages SGLang's own state still names: tree entries (but `exclude`) and live requests' rows."""
+    def _named_elsewhere(self, exclude=None, rows: bool = True) -> set[int]:
+        """Device pages SGLang's own state still names: tree entries (but `exclude`) and, with `rows`, live requests' rows."""
         tree, pool, ps = self.sg.tree, self.sg.req_to_token_pool, self.page_size
         named: set[int] = set()
         stack = list(tree.root_node.children.values())
@@ -270,7 +289,7 @@ class SGLangRuntime:
             stack.extend(node.children.values())
             if node is not exclude and node.value is not None:
                 named.update((node.value[::ps] // ps).tolist())
-        for record in self.requests.values():
+        for record in self.requests.values() if rows else ():
             if record.req.kv.holds_kv and record.req.kv.kv_allocated_len:
                 named.update((pool.req_to_token[record.row, : record.req.kv.kv_allocated_len : ps] // ps).tolist())
         return named
@@ -307,6 +326,7 @@ class SGLangRuntime:
         """Host copies of the evicted entry's pages that no live extent names go too (HiRadixCache evicts the node's host value)."""
         names = {n for e in self.entries.values() if e.node is node for n in e.pages}
         live = {n for e in self.extents.values() if e.node is not node for n in e.pages}
+        live |= {n for h in self.live_slots.values() for n in self.requests[h].pages}  # a live row keeps its page, host copy included
         gone = [n for n in sorted(names - live) if n in self.pages and self.pages[n].host is not None]
         if gone and self.sg.controller is not None:
             self.sg.controller.evict_host(self._host_indices(gone))
@@ -334,6 +354,7 @@ class SGLangRuntime:
         handle = RequestRuntimeHandle(self.runtime_id, 0, slot, generation)
         self.requests[handle] = _Request(req, row)
         self.live_slots[slot] = handle
+        self.slot_history[slot] = handle
         return handle
 
     def close_request(self, request: RequestRuntimeHandle) -> None:
@@ -352,6 +373,14 @@ class SGLangRuntime:
             for n in free:
                 self.pages[n].device = None
         record.req.kv.kv_allocated_len = 0
+        # Host copies belong to tree entries in HiRadixCache; one the row kept after its
+        # extent was released goes with the row, as the entry's eviction would have taken it.
+        extent_named = {n for e in self.extents.values() for n in e.pages}
+        hosted = [n for n in record.pages if self.pages[n].host is not None and n not in extent_named]
+        if hosted and self.sg.controller is not None:
+            self.sg.controller.evict_host(self._host_indices(hosted))
+            for n in hosted:
+                self.pages[n].host = None
         locks, record.locks = record.locks, []
         for node in locks:
             self._unlock(node)
@@ -419,7 +448,7 @@ class SGLangRuntime:
             record.req.kv.kv_allocated_len = len(record.pages) * ps
             self._write_row(record)
         batch_id, self.next_batch = self.next_batch, self.next_batch + 1
-        self.batches[batch_id] = _Batch(plan, ends, starts)
+        self.batches[batch_id] = _Batch(plan, ends, starts, tuple(sorted({item.request.slot_id for item in plan.items})))
         return PreparedBatchHandle(self.runtime_id, 0, batch_id)
 
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
@@ -428,7 +457,14 @@ class SGLangRuntime:
         results = []
         for item in record.plan.items:
             request = self.requests[item.request]
-            request.num_tokens = record.ends[request.row]
+            end = record.ends[request.row]
+            for position in range(end - item.new_tokens, end):  # compute's stand-in: a version tag per token written
+                if position // self.page_size >= len(request.pages):
+                    break  # a cancelled batch executed (no batch identity, V7): its pages went with the cancel
+                name = request.pages[position // self.page_size]
+                self.versions.setdefault(name, [0] * self.page_size)[position % self.page_size] = self.next_version
+                self.next_version += 1
+            request.num_tokens = end
             results.append(ItemResult(item.request, request.num_tokens, None))
         published, tickets = [], []
         for intent in record.plan.intents:
@@ -442,7 +478,12 @@ class SGLangRuntime:
                 self.release(intent.extent)
             else:
                 tickets.extend(self.submit((intent,)))
+        self._finish(batch.batch_id, BatchState.EXECUTED)
         return BatchCompletion(batch, tuple(results), tuple(published), tuple(tickets))
+
+    def _finish(self, batch_id: int, state: BatchState) -> None:
+        self.batches[batch_id].state = state
+        self.finished.append(batch_id)
 
     def cancel_batch(self, batch: PreparedBatchHandle) -> None:
         record = self._batch(batch)  # no state check: SGLang has no batch identity
@@ -461,6 +502,7 @@ class SGLangRuntime:
             undone, request.locks = request.locks[locks:], request.locks[:locks]
             for node in undone:
                 self._unlock(node)
+        self._finish(batch.batch_id, BatchState.CANCELLED)
 
     # -- extents ---------------------------------------------------------------------------
 
@@ -486,13 +528,13 @@ class SGLangRuntime:
 
         record = self._extent(extent)
         tree = self.sg.tree
-        head_key = record.key[: at_page * self.page_size]
+        head_key = record.key[: (record.offset + at_page) * self.page_size]
         head = tree.match_prefix(MatchPrefixParams(key=head_key)).last_device_node  # splits the entry at at_page
         tree.inc_lock_ref(head)  # the first part's own reference; the rest keeps the whole one's
         del self.extents[extent.generation]
         return (
-            self._issue(_Extent(record.pages[:at_page], head, head_key)),
-            self._issue(_Extent(record.pages[at_page:], record.node, record.key)),
+            self._issue(_Extent(record.pages[:at_page], head, head_key, offset=record.offset)),
+            self._issue(_Extent(record.pages[at_page:], record.node, record.key, offset=record.offset + at_page)),
         )
 
     def retain(self, extent: CacheExtentRef) -> None:
@@ -584,8 +626,14 @@ class SGLangRuntime:
                 tickets.append(self._restore(intent.extent))
             elif isinstance(intent, Demote):
                 names = [n for n in record.pages if self.pages[n].device is not None]
-                if names:
-                    self.sg.allocator.free(self._device_indices(names))
+                # HiRadixCache._evict_backuped frees the node's own device value; SGLang's tree
+                # never holds a page in two entries, so a page another entry still names (two
+                # publishes of it, an adapter limitation as for eviction) is left to that entry.
+                # A page a live row holds is freed all the same: the allocator has no in-use check (V6).
+                keep = self._named_elsewhere(exclude=record.node, rows=False) if names else set()
+                freed = [n for n in names if self.pages[n].device not in keep]
+                if freed:
+                    self.sg.allocator.free(self._device_indices(freed))
                 for name in names:
                     self.pages[name].device = None
                 record.node.value = None  # HiRadixCache._evict_backuped: the node keeps its host value only
@@ -633,6 +681,54 @@ class SGLangRuntime:
 
     def restart(self) -> RuntimeInfo:
         raise Unsupported("SGLang's cache classes have no restart epoch (RESTART is not claimed)")
+
+    # -- introspection (test-only) ---------------------------------------------------------
+
+    def probe(self) -> AbstractState:
+        """The abstract state, read off SGLang's allocator, request rows, radix tree and host pool (probe.py); cached until the next boundary call."""
+        if self._probed is None:
+            from .probe import abstract_state
+
+            self._probed = abstract_state(self)
+        return self._probed
+
+
+def _boundary(method):
+    """Count a boundary call that returned (B1), not the operations the adapter runs inside another (a plan's intents)."""
+
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        self._depth += 1
+        self._probed = None
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            self._depth -= 1
+            self._probed = None
+        if self._depth == 0:
+            self.calls[method.__name__] += 1
+        return result
+
+    return counted
+
+
+for _operation in (
+    "info",
+    "open_request",
+    "close_request",
+    "prepare_batch",
+    "execute_batch",
+    "cancel_batch",
+    "publish",
+    "split",
+    "retain",
+    "release",
+    "submit",
+    "poll_completions",
+    "wait_completions",
+    "restart",
+):
+    setattr(SGLangRuntime, _operation, _boundary(getattr(SGLangRuntime, _operation)))
 
 
 def make_runtime(**options) -> SGLangRuntime:

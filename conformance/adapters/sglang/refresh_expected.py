@@ -24,6 +24,23 @@ HERE = Path(__file__).resolve().parent
 #: (signature prefixes, the reason every signature starting with one of them is tolerated)
 FINDINGS: list[tuple[tuple[str, ...], str]] = [
     (
+        ("H1 execute_batch: changes state when it raises",),
+        "V7 (no counterpart, seen through probe()): SGLang's cache classes have no batch layer, so nothing undoes a batch's compute (its rows' "
+        "token counts) when one of the plan's tier moves then runs out (HiCacheController.write returns None, managers/cache_controller.py)",
+    ),
+    (
+        ("probe:free release", "probe:free close_request", "probe:pages,probe:free submit", "probe:pages,probe:free release"),
+        "P1 (no counterpart, seen through probe()): SGLang frees a device page only with the tree entry that holds it, and an entry only as an "
+        "unlocked leaf (RadixCache.evict, radix_cache.py); a split's first part is the parent node, so its pages stay while the rest lives, and a "
+        "page two publishes put in two entries stays with the other; the contract frees a page when its last holder goes",
+    ),
+    (
+        ("contract:prepare_batch prepare_batch: crashes with TypeError where the model returns",),
+        "V9' (adapter limitation, CPU setup): the legacy RadixCache's match_prefix gathers the device value of every node on the path "
+        "(radix_cache.py:657-675) and fails on a demoted parent entry (value None, as HiRadixCache._evict_backuped leaves it); HiRadixCache's "
+        "match stops at evicted nodes instead",
+    ),
+    (
         ("H1 close_request: crashes with AssertionError", "H1 execute_batch: crashes with AssertionError"),
         "S5 (where the check lives): ReqToTokenPool.free(req) refuses a Req that holds no row (a stale or double close, also as a plan's Close) with a bare "
         "`assert req.kv.holds_kv` (sglang/srt/mem_cache/memory_pool.py:462-463) before it changes anything: the check exists, as an assert, "
@@ -53,9 +70,10 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
         "where the contract says StaleHandle",
     ),
     (
-        ("contract:open_request ",),
+        ("contract:open_request ", "probe:slots open_request", "H2 open_request"),
         "V2: ReqToTokenPool.alloc_rows pops the highest free row (LIFO tail, memory_pool.py:446-449) with a per-row generation; "
-        "the contract hands out the lowest free slot with a per-slot generation (determinism, not safety)",
+        "the contract hands out the lowest free slot with a per-slot generation (determinism, not safety; probe() shows it as the "
+        "slot's generation, which under the adapter's slot names can fall when a slot gets another row)",
     ),
     (
         ("contract:submit ",),

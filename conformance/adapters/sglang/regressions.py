@@ -200,19 +200,13 @@ REGRESSIONS: dict[str, Regression] = {
 }
 
 
-#: Regressions the gate does not catch today, and why: without INTROSPECTION the suite sees
-#: only return values and error types, so a defect that changes no count the model checks
-#: within the CI profile's cases stays invisible. `probe()` from SGLang's own state (issue 16,
-#: item 3, not built yet) would show each at the step it happens.
+#: Regressions the gate does not catch today, and why. With INTROSPECTION (probe() read off
+#: SGLang's allocator, rows, tree and host pool, issue 16 item 3) an aliased, leaked or
+#: doubly freed page breaks R1/R2/R4 at the call where it happens; what survives changes
+#: only a request's generation or row, which today's SGLang already shows as V2.
 SURVIVORS: dict[str, str] = {
-    "free_segment_drops_pages": "a leak through evictions only: a row's close frees its own pages, and no case of either configuration released enough extents after their rows closed to run out",
-    "alloc_rows_no_generation": "a repeated generation differs from the model first in open_request's value, whose signature V2 (LIFO rows) already carries; the case ends there",
-    "host_free_twice": "host capacity too high: no case of either configuration fills the host pool and then relies on a refusal",
-    "split_loses_lock": "the new parent is evictable while held, but nothing evicts by policy (the adapter never calls RadixCache.evict)",
-    "alloc_keeps_pages_free": "since the suite's guided rules reach more (issue 14, item 4; 2026-12-02), today's SGLang already shows every signature this regression's cases fail with (they are in the expected-failures file), so the gate tolerates it: without probe() from SGLang's own state (issue 16, item 3) an aliased or lost page shows only as a contract mismatch of a kind SGLang already has",
-    "row_reused_while_live": "since the suite's guided rules reach more (issue 14, item 4; 2026-12-02), today's SGLang already shows every signature this regression's cases fail with (they are in the expected-failures file), so the gate tolerates it: without probe() from SGLang's own state (issue 16, item 3) an aliased or lost page shows only as a contract mismatch of a kind SGLang already has",
-    "insert_frees_its_pages": "since the suite's guided rules reach more (issue 14, item 4; 2026-12-02), today's SGLang already shows every signature this regression's cases fail with (they are in the expected-failures file), so the gate tolerates it: without probe() from SGLang's own state (issue 16, item 3) an aliased or lost page shows only as a contract mismatch of a kind SGLang already has",
-    "match_returns_evicted": "since the suite's guided rules reach more (issue 14, item 4; 2026-12-02), today's SGLang already shows every signature this regression's cases fail with (they are in the expected-failures file), so the gate tolerates it: without probe() from SGLang's own state (issue 16, item 3) an aliased or lost page shows only as a contract mismatch of a kind SGLang already has",
+    "alloc_rows_no_generation": "a repeated generation differs from the model first at open_request, in the handle and in probe()'s slot generation, whose signatures V2 (per-row generations, LIFO rows) already carries; the case ends there",
+    "row_reused_while_live": "the row left on SGLang's free list shows in probe() as a slot that is not live right at open_request, a slot difference whose signature V2 already carries (probe:slots open_request); the case ends there",
 }
 
 #: The baseline: today's SGLang, nothing injected. The search must find nothing new on it,

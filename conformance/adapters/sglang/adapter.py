@@ -90,6 +90,7 @@ from cacheruntime.protocol import (
     UnknownHandle,
     Unsupported,
 )
+from cacheruntime.recording import BOUNDARY_OPERATIONS
 
 from .stack import build_stack
 
@@ -712,22 +713,7 @@ def _boundary(method):
     return counted
 
 
-for _operation in (
-    "info",
-    "open_request",
-    "close_request",
-    "prepare_batch",
-    "execute_batch",
-    "cancel_batch",
-    "publish",
-    "split",
-    "retain",
-    "release",
-    "submit",
-    "poll_completions",
-    "wait_completions",
-    "restart",
-):
+for _operation in BOUNDARY_OPERATIONS:
     setattr(SGLangRuntime, _operation, _boundary(getattr(SGLangRuntime, _operation)))
 
 

@@ -18,23 +18,10 @@ import functools
 
 from cacheruntime.model import ReferenceModel
 from cacheruntime.protocol import Capability, TransferKind
+from cacheruntime.recording import BOUNDARY_OPERATIONS
 
 #: The boundary operations; each advances the environment clock when it succeeds.
-OPERATIONS = (
-    "open_request",
-    "close_request",
-    "prepare_batch",
-    "execute_batch",
-    "cancel_batch",
-    "publish",
-    "split",
-    "retain",
-    "release",
-    "submit",
-    "poll_completions",
-    "wait_completions",
-    "restart",
-)
+OPERATIONS = tuple(name for name in BOUNDARY_OPERATIONS if name != "info")
 
 
 def _ticking(name: str):

@@ -940,7 +940,7 @@ SITUATION_SURVIVORS: dict[str, str] = {
         "killed by core against the suite this family was written beside; survives the suite's guided rules (2026-12-02): the publish of a negative first page on a row long enough to count back from its end is no longer drawn; to look at"
     ),
     "demote_checks_first_page_backed": (
-        "killed by tiers on an idle machine, not under the CI machine's load, on thread streams (2026-12-02): whether the first page's backup has landed when the Demote comes depended on transfer timing; on simulated streams (issue 15, item 2) it survives every check too (measured 2026-12-02): no drawn case demotes an extent whose first page's backup has landed while a later page's has not; to look at"
+        "killed by tiers on an idle machine, not under the CI machine's load, on thread streams (2026-12-02): whether the first page's backup has landed when the Demote comes depended on transfer timing; on simulated streams (issue 15, item 2) it survives every check too (measured 2026-12-02), for a reason not yet looked at"
     ),
     "runs_compared_sorted": (
         "needs a ref carrying a real extent's page runs in another order, for an extent of two or more runs (a row "

@@ -212,15 +212,52 @@ def B2_plain_values(value: object, path: str = "value") -> Violations:
 
 
 def D1_copies_hold_last_write(state: AbstractState) -> Violations:
-    """Every valid copy of a page holds, at every written position, the tag last written there."""
+    """Every readable copy of a page (valid, or dropping) holds, at every written position, the tag last written there."""
     out = []
     for page in state.pages:
         for tier, copy_state, tags in ((Tier.L1, page.l1, page.l1_tags), (Tier.L2, page.l2, page.l2_tags)):
-            if copy_state is not CopyState.VALID:
+            if not copy_state.readable:
                 continue
             bad = [i for i, v in enumerate(page.versions) if v and tags[i] != v]
             if bad:
                 out.append(f"page {page.page} {tier.value}: positions {bad} hold {[tags[i] for i in bad]}, last written {[page.versions[i] for i in bad]}")
+    return out
+
+
+# -- failure ---------------------------------------------------------------------------
+
+
+def F1_a_readable_copy_survives(state: AbstractState) -> Violations:
+    """Every page name has a readable copy (valid or dropping) in some tier: no transfer, failed
+    or not, and no write-back leaves a page with only copies that are filling or gone."""
+    return [
+        f"page {page.page}: L1 copy {page.l1.value}, L2 copy {page.l2.value}; no readable copy"
+        for page in state.pages
+        if not (page.l1.readable or page.l2.readable)
+    ]
+
+
+def F2_failed_batch_invisible(before: AbstractState, after: AbstractState) -> Violations:
+    """A batch that failed (`ComputeFailed`) left nothing control can see of what it would have written:
+    every row's length as before, and every page that lives on its versions and readable tags as before."""
+    out = []
+    for old, new in zip(before.slots, after.slots):
+        if new.live and new.num_tokens != old.num_tokens:
+            out.append(f"slot {new.slot_id}: num_tokens {old.num_tokens} -> {new.num_tokens} after a failed batch")
+    previous = {page.page: page for page in before.pages}
+    for page in after.pages:
+        old_page = previous.get(page.page)
+        if old_page is None:
+            continue
+        if page.versions != old_page.versions:
+            out.append(f"page {page.page}: versions {list(old_page.versions)} -> {list(page.versions)} after a failed batch")
+        for tier, state_before, state_after, tags_before, tags_after in (
+            (Tier.L1, old_page.l1, page.l1, old_page.l1_tags, page.l1_tags),
+            (Tier.L2, old_page.l2, page.l2, old_page.l2_tags, page.l2_tags),
+        ):
+            written = [i for i, v in enumerate(page.versions) if v]
+            if state_before.readable and state_after.readable and [tags_before[i] for i in written] != [tags_after[i] for i in written]:
+                out.append(f"page {page.page} {tier.value}: written tags changed after a failed batch")
     return out
 
 
@@ -234,6 +271,7 @@ STATE_INVARIANTS: dict[str, Callable[[AbstractState], Violations]] = {
     "O2": O2_backup_after_compute,
     "O3": O3_no_reuse_in_flight,
     "D1": D1_copies_hold_last_write,
+    "F1": F1_a_readable_copy_survives,
 }
 
 #: Every predicate that reads the states before and after one call, by catalogue id.
@@ -268,8 +306,8 @@ def _defined(state: AbstractState) -> AbstractState:
     pages = tuple(
         attrs.evolve(
             page,
-            l1_tags=page.l1_tags if page.l1 is CopyState.VALID else (),
-            l2_tags=page.l2_tags if page.l2 is CopyState.VALID else (),
+            l1_tags=page.l1_tags if page.l1.readable else (),
+            l2_tags=page.l2_tags if page.l2.readable else (),
         )
         for page in state.pages
     )

@@ -47,6 +47,7 @@ class Capability(enum.Enum):
     DELAY_KNOB = "delay_knob"  # set_transfer_delay() makes races deterministic
     TAGGED_COMPUTE = "tagged_compute"  # compute writes version tags; next_token = tag_digest
     SCHEDULE_SEED = "schedule_seed"  # set_schedule_seed() picks the interleaving of copies, compute, completions
+    FAULT_INJECTION = "fault_injection"  # inject_fault() makes the Nth transfer of a kind, or compute, fail
 
 
 @attrs.frozen
@@ -264,11 +265,18 @@ class BatchCompletion:
     tickets: tuple[TransferTicket, ...]  # one per Backup intent, in plan order
 
 
+class TransferFailure(enum.Enum):
+    """Why a transfer failed (spec/protocol.md §5.3): its destination copies are not valid, its sources intact."""
+
+    COPY = "copy"  # the copy itself failed (at issue or on its stream)
+
+
 @attrs.frozen
 class TransferCompletion:
-    """A finished transfer, reported exactly once."""
+    """A finished transfer, reported exactly once: landed (`failure` None) or failed, with why."""
 
     ticket: TransferTicket
+    failure: TransferFailure | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -435,6 +443,13 @@ class ComputeFailed(CacheRuntimeError):
         super().__init__(what)
 
 
+class RuntimeFault(CacheRuntimeError):
+    """The runtime's machinery is gone (a stream worker died, the device broke): every call
+    raises this at once, changing nothing, until `restart()` recovers (spec/protocol.md §4.15)."""
+
+    fix = "restart() the runtime (every handle goes stale); rebuild control's state from the new epoch"
+
+
 class Unsupported(CacheRuntimeError):
     """An optional operation the runtime does not claim in its capabilities."""
 
@@ -452,6 +467,14 @@ class CopyState(enum.Enum):
     ABSENT = "absent"
     FILLING = "filling"  # a transfer into this copy is in flight; not yet readable
     VALID = "valid"
+    #: Readable, but control asked to drop it (Demote, Drop) while the page's other copy is
+    #: still filling: it goes when that transfer lands and is valid again if it fails (§4.11).
+    DROPPING = "dropping"
+
+    @property
+    def readable(self) -> bool:
+        """Whether the copy holds the page's bytes (valid or dropping)."""
+        return self is CopyState.VALID or self is CopyState.DROPPING
 
 
 class BatchState(enum.StrEnum):
@@ -651,6 +674,26 @@ class ScheduleSeed(Protocol):
     """
 
     def set_schedule_seed(self, seed: int) -> None: ...
+
+
+class FaultKind(enum.Enum):
+    """What `inject_fault` makes fail (FAULT_INJECTION, spec/faults.md)."""
+
+    BACKUP = "backup"  # the Nth backup that moves a page fails (a failed completion)
+    RESTORE = "restore"  # the Nth restore that moves a page fails (a failed completion)
+    COMPUTE = "compute"  # the Nth execute_batch that reaches compute fails (ComputeFailed)
+    LOST = "lost"  # the stream worker running the Nth transfer dies (RuntimeFault until restart)
+
+
+@runtime_checkable
+class FaultInjection(Protocol):
+    """Optional test-only surface: make a chosen transfer or compute fail (FAULT_INJECTION).
+
+    `nth` (>= 1) counts from this call: transfers of the kind that move at least one page,
+    or `execute_batch` calls that reach compute. Several injections may be pending.
+    """
+
+    def inject_fault(self, kind: FaultKind, nth: int) -> None: ...
 
 
 #: The operations that cross the boundary once per scheduling step (B1).

@@ -22,12 +22,15 @@ from cacheruntime.protocol import (
     BatchState,
     Capability,
     Close,
+    ComputeFailed,
     CopyState,
     Demote,
     Drop,
     ExtentInUse,
     ExtentShared,
+    FaultKind,
     ForeignRuntime,
+    InvalidArgument,
     InvalidPageRun,
     InvalidPlan,
     NoL2,
@@ -45,8 +48,10 @@ from cacheruntime.protocol import (
     RequestRuntimeHandle,
     Restore,
     RowFull,
+    RuntimeFault,
     StaleHandle,
     Tier,
+    TransferFailure,
     TransferKind,
     UnknownHandle,
     WouldLoseData,
@@ -730,6 +735,8 @@ def test_submit_demote_needs_host_copy_and_no_live_row():
     fails(m, ExtentInUse, m.submit, (Demote(x),))
     m.close_request(h)
     m.submit((Demote(x),))
+    assert [p.l1 for p in m.probe().pages] == [CopyState.DROPPING] * 2  # write-back: kept until the backup lands
+    m.wait_completions()
     assert [p.l1 for p in m.probe().pages] == [CopyState.ABSENT] * 2
 
 
@@ -753,17 +760,84 @@ def test_submit_is_atomic_as_a_whole():
     assert [t.kind for t in tickets] == [TransferKind.BACKUP]
 
 
-def test_submit_restore_orders_after_backup_and_skips_present_pages():
+def test_submit_restore_keeps_a_dropping_copy_and_skips_present_pages():
     m = new_model()
     h, x = extent(m, 2)
     m.close_request(h)
     m.submit((Backup(x),))
+    m.submit((Demote(x),))  # the backup is in flight: the device copies are kept, dropping
+    free_l1 = len(m.probe().pools[0].free)
+    (ticket,) = m.submit((Restore(x),))  # scenario 1: the restore keeps them; nothing moves
+    assert ticket.page_count == 0
+    assert [p.l1 for p in m.probe().pages] == [CopyState.VALID] * 2
+    assert len(m.probe().pools[0].free) == free_l1
+    (backup,) = (t.transfer_id for t in m.probe().transfers)
+    m.complete_transfer(backup)
+    assert [(p.l1, p.l2) for p in m.probe().pages] == [(CopyState.VALID, CopyState.VALID)] * 2
+
+
+def test_a_failed_backup_leaves_the_demoted_device_copy_valid():
+    m = new_model()
+    h, x = extent(m, 2)
+    m.close_request(h)
+    (backup,) = m.submit((Backup(x), Demote(x)))
+    m.fail_transfer(backup.transfer_id)
+    assert [(p.l1, p.l2) for p in m.probe().pages] == [(CopyState.VALID, CopyState.ABSENT)] * 2
+    (done,) = m.poll_completions()
+    assert done.ticket == backup and done.failure is TransferFailure.COPY
+    m.check_invariants()
+
+
+def test_a_failed_restore_fails_the_batch_that_reads_it():
+    m = new_model()
+    h, x = extent(m, 1)
+    m.close_request(h)
+    m.submit((Backup(x),))
+    m.wait_completions()
     m.submit((Demote(x),))
-    m.submit((Restore(x),))
-    backup_id, restore_id = (t.transfer_id for t in m.probe().transfers)
-    assert m.completable() == (backup_id,)
-    with pytest.raises(ValueError):
-        m.complete_transfer(restore_id)
+    r = m.open_request()
+    b = m.prepare_batch(BatchPlan((BatchItem(r, (1,), (x,)),), (Restore(x),)))
+    before = m.probe()
+    (restore,) = (t.transfer_id for t in before.transfers)
+    m.fail_transfer(restore)
+    with pytest.raises(ComputeFailed) as failure:
+        m.execute_batch(b)
+    assert failure.value.batches == (b.batch_id,)
+    after = m.probe()
+    assert after.slots[r.slot_id].num_tokens == 0 and after.slots[r.slot_id].pages == ()
+    assert [(p.l1, p.l2) for p in after.pages] == [(CopyState.ABSENT, CopyState.VALID)]
+    m.check_invariants()
+
+
+def test_injected_faults_pick_the_nth_transfer_and_compute():
+    m = new_model()
+    h, x = extent(m, 1)
+    m.close_request(h)
+    m.inject_fault(FaultKind.BACKUP, 1)
+    m.submit((Backup(x),))
+    (done,) = m.wait_completions()
+    assert done.failure is TransferFailure.COPY
+    r = m.open_request()
+    m.inject_fault(FaultKind.COMPUTE, 2)
+    m.execute_batch(m.prepare_batch(BatchPlan((BatchItem(r, (1,)),))))
+    b = m.prepare_batch(BatchPlan((BatchItem(r, (2,)),)))
+    with pytest.raises(ComputeFailed):
+        m.execute_batch(b)
+    assert m.probe().slots[r.slot_id].num_tokens == 1
+    for bad in (0, -1, 1.5):
+        fails(m, InvalidArgument, m.inject_fault, FaultKind.COMPUTE, bad)
+
+
+def test_a_lost_runtime_raises_runtime_fault_until_restart():
+    m = new_model()
+    _, x = extent(m, 1)
+    m.submit((Backup(x),))
+    m.lose()
+    fails(m, RuntimeFault, m.open_request)
+    fails(m, RuntimeFault, m.wait_completions)
+    info = m.restart()
+    assert info.epoch == 1 and m.probe().transfers == ()
+    m.open_request()
 
 
 # --------------------------------------------------------------------------------------

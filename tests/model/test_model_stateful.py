@@ -75,6 +75,11 @@ TIER = (Backup, Restore, Demote, Drop)
 HANDLE_ERRORS = (ForeignRuntime, StaleHandle, UnknownHandle)
 
 
+def gone(state: CopyState) -> bool:
+    """A copy control may not count on (§4.11): none, or one it asked to drop (dropping)."""
+    return state is CopyState.ABSENT or state is CopyState.DROPPING
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -333,7 +338,7 @@ class ModelMachine(RuleBasedStateMachine):
             if not view.slots[slot].reserved_tokens and extents and data.draw(st.booleans()):
                 attach = (data.draw(st.sampled_from(extents)),)
                 pages = {p.page: p for p in view.pages}
-                demoted = any(pages[p].l1 is CopyState.ABSENT for p in expand(attach[0].page_runs))
+                demoted = any(gone(pages[p].l1) for p in expand(attach[0].page_runs))
                 if data.draw(st.integers(0, 9)) < (9 if demoted else 2):
                     intents.append(Restore(attach[0]))
             append = self.outputs[slot] > 0 and data.draw(st.booleans())
@@ -384,7 +389,7 @@ class ModelMachine(RuleBasedStateMachine):
         pages = {p.page: p for p in after.pages}
         for intent in intents:
             if isinstance(intent, Restore):
-                assert all(pages[p].l1 is not CopyState.ABSENT for p in expand(intent.extent.page_runs))
+                assert all(not gone(pages[p].l1) for p in expand(intent.extent.page_runs))
         return b
 
     def expect_prepare(self, the_plan):
@@ -406,15 +411,16 @@ class ModelMachine(RuleBasedStateMachine):
             return InvalidPlan
         view = self.m.probe()
         pages = {p.page: p for p in view.pages}
-        restoring = set()
+        restoring, moving = set(), set()
         for intent in the_plan.intents:
             if isinstance(intent, Restore):
                 for p in expand(intent.extent.page_runs):
                     if pages[p].l1 is CopyState.ABSENT:
-                        if pages[p].l2 is CopyState.ABSENT:
+                        if gone(pages[p].l2):
                             return NotBackedUp
-                        restoring.add(p)
-        need = len(restoring)
+                        moving.add(p)
+                    restoring.add(p)  # a dropping device copy is kept, with nothing to move
+        need = len(moving)
         for i in the_plan.items:
             slot = view.slots[i.request.slot_id]
             attached = [p for x in i.attach for p in expand(x.page_runs)]
@@ -422,7 +428,7 @@ class ModelMachine(RuleBasedStateMachine):
                 return InvalidPlan
             if i.append_previous_output and self.outputs[slot.slot_id] < 1:
                 return RequestBusy
-            if any(pages[p].l1 is CopyState.ABSENT and p not in restoring for p in attached):
+            if any(gone(pages[p].l1) and p not in restoring for p in attached):
                 return NotResident
             end = slot.reserved_tokens + len(attached) * self.ps + i.new_tokens
             if end > self.max_tokens:
@@ -709,15 +715,15 @@ class ModelMachine(RuleBasedStateMachine):
             return OutOfPages if len(todo) > free[Tier.L2] else OK
         if isinstance(intent, Restore):
             todo = [p for p in names if pages[p].l1 is CopyState.ABSENT]
-            if any(pages[p].l2 is CopyState.ABSENT for p in todo):
+            if any(gone(pages[p].l2) for p in todo):
                 return NotBackedUp
             return OutOfPages if len(todo) > free[Tier.L1] else OK
         if isinstance(intent, Demote):
-            if any(pages[p].l2 is CopyState.ABSENT for p in names):
+            if any(gone(pages[p].l2) for p in names):
                 return NotBackedUp
             mapped = {p for s in view.slots if s.live for p in s.pages}
             return ExtentInUse if mapped & set(names) else OK
-        return WouldLoseData if any(pages[p].l1 is CopyState.ABSENT for p in names) else OK
+        return WouldLoseData if any(gone(pages[p].l1) for p in names) else OK
 
     def tier_step(self, data, kind):
         """One tier move on a live extent, as eviction and prefetch send them."""
@@ -738,7 +744,11 @@ class ModelMachine(RuleBasedStateMachine):
         assert set(ready) <= set(in_flight) and (not in_flight or ready), "a transfer cycle"
         if ready and data.draw(st.integers(0, 4)):
             before = self.m.probe()
-            self.m.complete_transfer(data.draw(st.sampled_from(ready)))
+            transfer_id = data.draw(st.sampled_from(ready))
+            if data.draw(st.integers(0, 3)):
+                self.m.complete_transfer(transfer_id)
+            else:  # FailTransfer: the destination goes, a dropping source is valid again (F1)
+                self.m.fail_transfer(transfer_id)
             check_transition(before, self.m.probe())
         else:
             t = data.draw(st.sampled_from(sorted(set(in_flight) - set(ready)) + [10_000]))
@@ -793,8 +803,8 @@ class ModelMachine(RuleBasedStateMachine):
         assert {b.batch_id: b.state for b in view.batches} == {b: s[0] for b, s in self.bstate.items()}
         # A row holds exactly the pages its reservation covers: what cancel restores from a batch's start_tokens.
         assert all(len(s.pages) == ceil_div(s.reserved_tokens, self.ps) for s in view.slots)
-        lost = [p.page for p in view.pages if p.l1 is CopyState.ABSENT and p.l2 is CopyState.ABSENT]
-        assert not lost, f"pages {lost} have no copy in any tier"
+        lost = [p.page for p in view.pages if not (p.l1.readable or p.l2.readable)]
+        assert not lost, f"pages {lost} have no readable copy in any tier (F1)"
 
 
 def _ci_examples() -> int:
@@ -860,7 +870,7 @@ class ExecuteWithoutRollback(ReferenceModel):
     """execute_batch runs outside the transaction: a failing intent leaves the compute done."""
 
     def execute_batch(self, batch):
-        return ReferenceModel.execute_batch.__wrapped__(self, batch)
+        return self.execute(batch)
 
 
 MUTANTS = [FreesAtOneHolder, NoGenerationCheck, NoDeferredFree, ComputeSkipsRestores, SplitKeepsOldRef, ExecuteWithoutRollback]

@@ -67,7 +67,8 @@ def test_served_tokens_equal_recomputation_across_backup_demote_restore(device, 
 
     rt.close_request(resident.handle)
     rt.close_request(first.handle)
-    rt.submit((Demote(prefix),))  # device pages go back once the D2H has read them
+    rt.wait_completions()  # the backup lands: the demote frees the device pages at once (in flight, it would keep them)
+    rt.submit((Demote(prefix),))
     filler = Served(rt, [rng.randrange(97) for _ in range(16)])  # reuses pages the closed requests wrote
     step(rt, [filler])
 

@@ -83,6 +83,7 @@ def test_info_and_capabilities(device):
         Capability.RESTART,
         Capability.DELAY_KNOB,
         Capability.TAGGED_COMPUTE,
+        Capability.FAULT_INJECTION,
     } | ({Capability.SCHEDULE_SEED} if device == "cpu" else set())  # the suite's CPU runtime runs on simulated streams
     # default decoder: 2 layers, K and V, 2 heads of 16 float32 values per token
     assert info.page_bytes == 2 * 2 * PS * 2 * 16 * 4

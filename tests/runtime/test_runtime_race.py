@@ -68,32 +68,40 @@ def test_skipping_the_kv_ready_wait_is_observed(device, streams):
     assert served != expected, "compute ran before the H2D landed, yet read the right bytes"
 
 
-def backup_demote_and_reuse(runtime_class, device, streams):
-    """Demote a prefix while its slow D2H is in flight, then fill L1: the probe after all transfers."""
+def restore_release_and_reuse(runtime_class, device, streams):
+    """Release a prefix while its slow H2D is in flight, then fill L1: the probe after all transfers.
+
+    Write-back keeps a page's device copy until its backup lands, so a device page under a
+    transfer is freed only when its page name ends: here the restore's destination. Reused
+    at once (O3 broken), the late H2D lands on another request's freshly computed page.
+    """
     rt = runtime_class(device=device, **CONFORMANCE_OPTIONS, streams=streams)
     h = rt.open_request()
     rt.execute_batch(rt.prepare_batch(plan(item(h, 2 * PS))))
     prefix = rt.publish(h, 0, 2)
     rt.close_request(h)
-    rt.set_transfer_delay(DELAY)
     rt.submit((Backup(prefix),))
+    rt.wait_completions()
     rt.submit((Demote(prefix),))
+    rt.set_transfer_delay(DELAY)
+    rt.submit((Restore(prefix),))
+    rt.release(prefix)  # the page names end with the H2D in flight
     g = rt.open_request()
     try:
         rt.execute_batch(rt.prepare_batch(plan(item(g, 12 * PS))))  # every device page, if it can get them
     except OutOfPages:
-        pass  # the correct runtime keeps the two pages the D2H reads
+        pass  # the correct runtime keeps the two pages the H2D writes
     rt.wait_completions()
     state = rt.probe()
     rt.close()
     return state
 
 
-def test_deferred_free_keeps_the_backup_intact(device, streams):
-    state = backup_demote_and_reuse(LocalGPURuntime, device, streams)
+def test_deferred_free_keeps_the_new_pages_intact(device, streams):
+    state = restore_release_and_reuse(LocalGPURuntime, device, streams)
     check_state(state)
 
 
 def test_freeing_a_page_under_a_d2h_is_observed(device, streams):
-    state = backup_demote_and_reuse(FreesInFlight, device, streams)
-    assert D1_copies_hold_last_write(state), "compute overwrote the pages before the D2H read them, yet L2 is right"
+    state = restore_release_and_reuse(FreesInFlight, device, streams)
+    assert D1_copies_hold_last_write(state), "the late H2D landed on pages another request computed, yet they are right"

@@ -15,7 +15,7 @@ import pytest
 from runtimekit import PS, Twin, item, plan
 from test_runtime_twin import random_walk
 
-from cacheruntime.protocol import Backup, BatchPlan, Demote, Restore, Tier, TransferKind
+from cacheruntime.protocol import Backup, BatchPlan, CopyState, Demote, Restore, TransferKind
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
 from cacheruntime.runtime.local import D2H_ISSUE_POINTS, LocalGPURuntime
 
@@ -49,17 +49,18 @@ def test_backup_is_issued_piecewise_and_wait_drains(twin):
     assert not twin.runtime.device_layer.throttle.queue and len(done) == 1
 
 
-def test_restore_of_a_queued_backup_issues_it_first(twin):
+def test_restore_while_its_backup_is_queued_keeps_the_device_copies(twin):
     h, e = published(twin, 4)
     twin.close_request(h)
     twin.submit((Backup(e),))
-    twin.submit((Demote(e),))  # L1 pages deferred behind the queued backup
-    l1 = next(p for p in twin.runtime.probe().pools if p.tier is Tier.L1)
-    assert len(l1.deferred) == 4
+    twin.submit((Demote(e),))  # the backup is still queued: the device copies stay, dropping
+    assert twin.runtime.device_layer.throttle.queue
+    assert {p.l1 for p in twin.runtime.probe().pages} == {CopyState.DROPPING}
     g = twin.open_request()
     done = twin.execute_batch(twin.prepare_batch(plan(item(g, 1, attach=(e,)), intents=(Restore(e),))))
     assert done.items[0].num_tokens == 4 * PS + 1  # the tags read back are the model's
     twin.wait_completions()
+    assert {(p.l1, p.l2) for p in twin.runtime.probe().pages[:4]} == {(CopyState.VALID, CopyState.VALID)}
 
 
 def test_unthrottled_issues_at_once(device):

@@ -62,12 +62,12 @@ def test_scenario_1_prefix_hit_on_l2_while_backup_in_flight(twin):
     twin.close_request(h)
     twin.runtime.set_transfer_delay(DELAY)
     twin.submit((Backup(e),))
-    twin.submit((Demote(e),))  # allowed once the backup started; L1 pages deferred
-    l1 = next(p for p in twin.runtime.probe().pools if p.tier is Tier.L1)
-    assert len(l1.deferred) == 2
+    twin.submit((Demote(e),))  # allowed once the backup started; the device copies are kept until it lands
+    assert {p.l1 for p in twin.runtime.probe().pages} == {CopyState.DROPPING}
     g = twin.open_request()
     done = twin.execute_batch(twin.prepare_batch(plan(item(g, 1, attach=(e,)), intents=(Restore(e),))))
-    assert done.items[0].num_tokens == 2 * PS + 1  # the digest equals the model's: no half-written read
+    assert done.items[0].num_tokens == 2 * PS + 1  # the restore kept the device copies: nothing moved, nothing half-written
+    assert {p.l1 for p in twin.runtime.probe().pages} == {CopyState.VALID}
     twin.wait_completions()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from runtimekit import PS, item, plan, twin_model
 
-from cacheruntime.conformance.mutants.local import RestoreBeforeBackup, ReuseInFlight, SkipKvReadyWait
+from cacheruntime.conformance.mutants.local import ReuseInFlight, SkipKvReadyWait
 from cacheruntime.invariants import D1_copies_hold_last_write, check_state
 from cacheruntime.protocol import Backup, Capability, Demote, OutOfPages, Restore, Unsupported
 from cacheruntime.runtime.device.simulated import Schedule, SimEvent, SimStream
@@ -88,13 +88,8 @@ def test_the_runtime_claims_the_seed_only_on_simulated_streams():
         threads.close()
 
 
-def served_over_restored_prefix(runtime_class, seed: int, backup_landed: bool) -> tuple[int, int]:
-    """One token over a prefix restored from L2, no delay: (served, model's token).
-
-    `backup_landed`: the backup completes before the Demote (the restore races compute only,
-    O1); otherwise Backup and Demote go together and the restore reads a host copy the
-    backup may still fill (scenario 1).
-    """
+def served_over_restored_prefix(runtime_class, seed: int) -> tuple[int, int]:
+    """One token over a prefix restored from L2 (its backup landed before the Demote), no delay: (served, model's token)."""
     rt = runtime_class(**CONFORMANCE_OPTIONS, streams="simulated", schedule_seed=seed)
     model = twin_model(rt)
     tokens = []
@@ -102,11 +97,10 @@ def served_over_restored_prefix(runtime_class, seed: int, backup_landed: bool) -
         h = side.open_request()
         side.execute_batch(side.prepare_batch(plan(item(h, 2 * PS))))
         prefix = side.publish(h, 0, 2)
-        if backup_landed:
-            side.submit((Backup(prefix),))
-            side.wait_completions()
+        side.submit((Backup(prefix),))
+        side.wait_completions()
         side.close_request(h)
-        side.submit((Demote(prefix),) if backup_landed else (Backup(prefix), Demote(prefix)))
+        side.submit((Demote(prefix),))
         g = side.open_request()
         done = side.execute_batch(side.prepare_batch(plan(item(g, 1, attach=(prefix,)), intents=(Restore(prefix),))))
         tokens.append(done.items[0].next_token)
@@ -115,45 +109,47 @@ def served_over_restored_prefix(runtime_class, seed: int, backup_landed: bool) -
     return tokens[0], tokens[1]
 
 
-def wrong_seeds(runtime_class, backup_landed: bool) -> list[int]:
+def wrong_seeds(runtime_class) -> list[int]:
     """The seeds under which `runtime_class` serves another token than the model."""
-    return [seed for seed in SEEDS if len(set(served_over_restored_prefix(runtime_class, seed, backup_landed))) > 1]
+    return [seed for seed in SEEDS if len(set(served_over_restored_prefix(runtime_class, seed))) > 1]
 
 
 def test_o1_without_its_wait_serves_wrong_tokens_under_some_seeds_only_there():
-    assert wrong_seeds(LocalGPURuntime, backup_landed=True) == []
-    wrong = wrong_seeds(SkipKvReadyWait, backup_landed=True)
+    assert wrong_seeds(LocalGPURuntime) == []
+    wrong = wrong_seeds(SkipKvReadyWait)
     assert wrong, "compute never ran before the H2D it reads under any seed"
-    assert wrong == wrong_seeds(SkipKvReadyWait, backup_landed=True)  # replayable
+    assert wrong == wrong_seeds(SkipKvReadyWait)  # replayable
 
 
-def reuse_under_backup(runtime_class, seed: int):
-    """Demote a prefix while its D2H is in flight, then fill L1; the state after every transfer."""
+def reuse_under_restore(runtime_class, seed: int):
+    """Release a prefix while its H2D is in flight, then fill L1; the state after every transfer.
+
+    The restore's destination pages are freed when the page names end; reused at once (O3
+    broken), the H2D may land on another request's freshly computed pages.
+    """
     rt = runtime_class(**CONFORMANCE_OPTIONS, streams="simulated", schedule_seed=seed)
     h = rt.open_request()
     rt.execute_batch(rt.prepare_batch(plan(item(h, 2 * PS))))
     prefix = rt.publish(h, 0, 2)
     rt.close_request(h)
     rt.submit((Backup(prefix),))
+    rt.wait_completions()
     rt.submit((Demote(prefix),))
+    rt.submit((Restore(prefix),))
+    rt.release(prefix)
     g = rt.open_request()
     try:
         rt.execute_batch(rt.prepare_batch(plan(item(g, 12 * PS))))
     except OutOfPages:
-        pass  # the landed runtime keeps the two pages the D2H reads
+        pass  # the landed runtime keeps the two pages the H2D writes
     rt.wait_completions()
     state = rt.probe()
     rt.close()
     return state
 
 
-def test_o3_reuse_in_flight_loses_the_backup_under_some_seeds():
+def test_o3_reuse_in_flight_corrupts_new_pages_under_some_seeds():
     for seed in SEEDS:
-        check_state(reuse_under_backup(LocalGPURuntime, seed))
-    lost = [seed for seed in SEEDS if D1_copies_hold_last_write(reuse_under_backup(ReuseInFlight, seed))]
-    assert lost, "the D2H always read the pages before compute overwrote them"
-
-
-def test_scenario_1_without_the_backup_wait_serves_wrong_tokens_under_some_seeds():
-    assert wrong_seeds(LocalGPURuntime, backup_landed=False) == []
-    assert wrong_seeds(RestoreBeforeBackup, backup_landed=False), "the restore never read its host copy before the backup filled it under any seed"
+        check_state(reuse_under_restore(LocalGPURuntime, seed))
+    lost = [seed for seed in SEEDS if D1_copies_hold_last_write(reuse_under_restore(ReuseInFlight, seed))]
+    assert lost, "the H2D always landed before compute wrote the reused pages"

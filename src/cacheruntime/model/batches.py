@@ -20,6 +20,7 @@ from cacheruntime.protocol import (
     BatchPlan,
     BatchState,
     CacheExtentRef,
+    FaultKind,
     InvalidPlan,
     ItemResult,
     NotPrepared,
@@ -33,6 +34,16 @@ from cacheruntime.protocol import (
     TransferTicket,
     tag_digest,
 )
+
+
+class ComputeCannotRun(Exception):
+    """Inside `execute`: the batch's compute fails (a restore it reads failed, or an injected
+    fault); `execute_batch` turns it into the failed batch and `ComputeFailed`. Not a
+    `CacheRuntimeError`: it never crosses the boundary."""
+
+    def __init__(self, what: str, injected: bool = False):
+        self.injected = injected
+        super().__init__(what)
 
 
 class Batches(Extents):
@@ -64,9 +75,11 @@ class Batches(Extents):
         starts: list[int] = []
         ends: list[int] = []
         restoring: set[int] = set()
+        moving: set[int] = set()
         for intent in plan.intents:
             if isinstance(intent, Restore):
-                restoring.update(self.restore_pages(intent.extent))
+                moving.update(self.restore_pages(intent.extent))
+                restoring.update(st.extents[intent.extent.generation].pages)
         for item in plan.items:
             slot = st.slots[item.request.slot_id]
             if item.new_tokens < 1:
@@ -77,8 +90,7 @@ class Batches(Extents):
                 raise RequestBusy(f"slot {item.request.slot_id}: no previous output to append")
             attached = [p for extent in item.attach for p in st.extents[extent.generation].pages]
             for page in attached:
-                l1 = st.pages[page].copies.get(Tier.L1)
-                if l1 is None and page not in restoring:
+                if not self.has_copy(page, Tier.L1) and page not in restoring:
                     raise NotResident(f"page {page} of an attached extent has no device copy and no restore")
             end = slot.reserved_tokens + len(attached) * self.page_size + item.new_tokens
             if end > self.max_request_tokens:
@@ -88,7 +100,7 @@ class Batches(Extents):
             starts.append(end - item.new_tokens)
             ends.append(end)
         need = sum(-(-end // self.page_size) - held - sum(e.page_count for e in item.attach) for end, held, item in zip(ends, start_pages, plan.items))
-        need += len(restoring)
+        need += len(moving)
         self.require_free(Tier.L1, need)
         for intent in plan.intents:
             if isinstance(intent, Restore):
@@ -149,10 +161,16 @@ class Batches(Extents):
         record = st.batches[batch.batch_id]
         self.check_execute_order(batch.batch_id, record)
         results = []
+        for slot_id, end in zip(record.slots, record.ends):
+            read_pages = st.slots[slot_id].pages[: -(-end // self.page_size)]
+            self.await_restores(read_pages)  # O1: compute waits for KV_READY
+            lost = [p for p in read_pages if not self.has_copy(p, Tier.L1)]
+            if lost:
+                raise ComputeCannotRun(f"pages {lost} have no device copy: the restore that would fill them failed")
+        if self.count_toward_fault(FaultKind.COMPUTE, None):
+            raise ComputeCannotRun("injected compute fault (FaultKind.COMPUTE)", injected=True)
         for slot_id, start, end, request in zip(record.slots, record.starts, record.ends, record.requests):
             slot = st.slots[slot_id]
-            read_pages = slot.pages[: -(-end // self.page_size)]
-            self.await_restores(read_pages)  # O1: compute waits for KV_READY
             l1 = st.pools[Tier.L1].tags
             for position in range(start, end):
                 page = st.pages[slot.pages[position // self.page_size]]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from cacheruntime import pageruns
 from cacheruntime.model.handles import HandleChecks
-from cacheruntime.model.records import Extent, Slot
+from cacheruntime.model.records import Copy, Extent, Slot
 from cacheruntime.model.transfers import Transfers
 from cacheruntime.protocol import (
     Backup,
     CacheExtentRef,
     Close,
+    CopyState,
     Demote,
     Drop,
     ExtentInUse,
@@ -104,6 +105,25 @@ class Extents(Transfers, HandleChecks):
             for page in record.pages:
                 self.drop_holder(page)
 
+    def has_copy(self, page: int, tier: Tier) -> bool:
+        """Whether the page has a copy in `tier` that control may count on: valid or filling, not dropping."""
+        copy_ = self.state.pages[page].copies.get(tier)
+        return copy_ is not None and copy_.state is not CopyState.DROPPING
+
+    def drop_or_keep_until_landed(self, page: int, tier: Tier) -> None:
+        """Demote (tier L1) or Drop (L2) of one page: drop its copy in `tier` now if the other
+        tier's copy is valid, else (the other copy still filling) mark it DROPPING, kept until
+        that transfer lands and VALID again if it fails (write-back loses nothing, F1)."""
+        copies = self.state.pages[page].copies
+        copy_ = copies.get(tier)
+        if copy_ is None or copy_.state is CopyState.DROPPING:
+            return
+        other = copies[Tier.L2 if tier is Tier.L1 else Tier.L1]
+        if other.state is CopyState.FILLING:
+            copies[tier] = Copy(copy_.phys, CopyState.DROPPING)
+        else:
+            self.drop_copy(page, tier)
+
     def check_demote_unmapped(self, record: Extent) -> None:
         """ExtentInUse if a live request row maps a page of the extent (E1)."""
         held = {p for slot in self.state.slots if slot.live for p in slot.pages} & set(record.pages)
@@ -126,22 +146,21 @@ class Extents(Transfers, HandleChecks):
         if isinstance(intent, Backup):
             todo = [p for p in record.pages if Tier.L2 not in st.pages[p].copies]
             self.require_free(Tier.L2, len(todo))
+            self.keep_dropping(record.pages, Tier.L2)
             return self.start_transfer(TransferKind.BACKUP, intent.extent.generation, todo)
         if isinstance(intent, Demote):
             for page in record.pages:
-                if Tier.L2 not in st.pages[page].copies:
+                if not self.has_copy(page, Tier.L2):
                     raise NotBackedUp(f"page {page} has no host copy and no backup in flight")
             self.check_demote_unmapped(record)
             for page in record.pages:
-                if Tier.L1 in st.pages[page].copies:
-                    self.drop_copy(page, Tier.L1)
+                self.drop_or_keep_until_landed(page, Tier.L1)
             return None
         if isinstance(intent, Drop):
             for page in record.pages:
-                if Tier.L1 not in st.pages[page].copies:
+                if not self.has_copy(page, Tier.L1):
                     raise WouldLoseData(f"page {page} has no device copy; dropping its host copy loses it")
             for page in record.pages:
-                if Tier.L2 in st.pages[page].copies:
-                    self.drop_copy(page, Tier.L2)
+                self.drop_or_keep_until_landed(page, Tier.L2)
             return None
         raise InvalidPlan(f"unknown intent {type(intent).__name__}")

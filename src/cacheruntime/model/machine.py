@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
 from cacheruntime.model.arguments import check_batch_fields, check_extent_fields, check_intents, check_request_fields, require_int
-from cacheruntime.model.batches import Batches
+from cacheruntime.model.batches import Batches, ComputeCannotRun
 from cacheruntime.model.extents import Extents
 from cacheruntime.model.handles import HandleChecks
 from cacheruntime.model.pages import Pages
@@ -36,6 +36,8 @@ from cacheruntime.protocol import (
     Demote,
     Drop,
     ExtentView,
+    FaultKind,
+    InvalidArgument,
     InvalidPlan,
     OutOfSlots,
     PageView,
@@ -45,6 +47,7 @@ from cacheruntime.protocol import (
     Release,
     RequestRuntimeHandle,
     Restore,
+    RuntimeFault,
     RuntimeInfo,
     SlotView,
     Tier,
@@ -69,6 +72,8 @@ def operation(method: Callable[Concatenate[ReferenceModel, P], R]) -> Callable[C
 
     @functools.wraps(method)
     def transaction(self: ReferenceModel, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self.state.lost and method.__name__ != "restart":
+            raise RuntimeFault(f"{method.__name__}: the runtime's machinery is gone (RuntimeLost)")
         saved = self.state
         self.state = saved.clone()
         try:
@@ -162,33 +167,52 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         """PrepareBatch: validate the plan, allocate pages, map prefixes, start restores."""
         return self.prepare(plan)
 
-    @operation
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
-        """ExecuteBatch: wait for the restores compute reads, compute, then apply the intents."""
-        check_batch_fields(batch)
-        return self.execute(batch)
+        """ExecuteBatch: wait for the restores compute reads, compute, then apply the intents.
+
+        If a restore compute reads failed, or an injected compute fault picks this batch,
+        the batch fails instead (FailCompute's outcome) and `ComputeFailed` is raised.
+        """
+        return self.run_execute(batch, fail=False)
 
     def fail_compute(self, batch: PreparedBatchHandle) -> None:
-        """FailCompute (environment): `execute_batch` of `batch` whose compute fails; raises `ComputeFailed`.
+        """FailCompute (environment): `execute_batch` of `batch` whose compute fails; raises `ComputeFailed`."""
+        self.run_execute(batch, fail=True)
+
+    def run_execute(self, batch: PreparedBatchHandle, fail: bool) -> BatchCompletion:
+        """`execute_batch` as a transaction; with `fail`, or when compute cannot run, the batch fails.
 
         Every precondition of `execute_batch` is checked (its intents against the state
-        compute would have left) and raises as there, changing nothing; then the batch and
+        compute would have left) and raises as there, changing nothing; a failing batch and
         its later dependents fail (`fail_batches`), which is committed and counted as an
-        `execute_batch` call (it crossed the boundary and changed the state) before the
-        error is raised.
+        `execute_batch` call (it crossed the boundary and changed the state) before
+        `ComputeFailed` is raised (F2: nothing it would have written is visible).
         """
+        if self.state.lost:
+            raise RuntimeFault("execute_batch: the runtime's machinery is gone (RuntimeLost)")
         saved = self.state
         self.state = saved.clone()
+        cause = "injected"
         try:
             check_batch_fields(batch)
-            self.execute(batch)
-            self.state = saved.clone()
-            failed = self.fail_batches(batch.batch_id)
+            completion = self.execute(batch)
+        except ComputeCannotRun as cannot:
+            cause, fail = str(cannot), True
+            injected = cannot.injected
         except BaseException:
             self.state = saved
             raise
+        else:
+            injected = False
+        if fail:
+            self.state = saved.clone()
+            failed = self.fail_batches(batch.batch_id)
+            if injected:
+                self.count_toward_fault(FaultKind.COMPUTE, None)
+            self.state.calls["execute_batch"] += 1
+            raise ComputeFailed(f"the compute of batch {batch.batch_id} failed ({cause}); batches {list(failed)} failed with no effect", failed, cause)
         self.state.calls["execute_batch"] += 1
-        raise ComputeFailed(f"the compute of batch {batch.batch_id} failed; batches {list(failed)} failed with no effect", failed, "injected")
+        return completion
 
     @operation
     def cancel_batch(self, batch: PreparedBatchHandle) -> None:
@@ -265,11 +289,12 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
     def restart(self) -> RuntimeInfo:
         """Restart: drain transfers, forget everything, bump the epoch; every handle goes stale."""
         st = self.state
-        while st.transfers:  # drain: in-flight copies land before the epoch ends
+        while st.transfers and not st.lost:  # drain: in-flight copies land before the epoch ends
             self.complete_transfer(self.completable()[0])
         generations = [slot.generation + int(slot.live) for slot in st.slots]
         tags = {tier: pool.tags for tier, pool in st.pools.items()}
         self.state = fresh_state(st.epoch + 1, generations, tags, st.next_version)
+        self.state.faults = st.faults  # injections are the harness's, not the epoch's
         return RuntimeInfo(
             self.runtime_id,
             self.state.epoch,
@@ -297,6 +322,30 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         if transfer_id not in self.completable():
             raise ValueError(f"transfer {transfer_id} is not in flight or waits for another")
         super().complete_transfer(transfer_id)
+
+    def fail_transfer(self, transfer_id: int) -> None:
+        """FailTransfer (environment): the transfer fails; enabled exactly when it could complete (F1)."""
+        if transfer_id not in self.completable():
+            raise ValueError(f"transfer {transfer_id} is not in flight or waits for another")
+        super().fail_transfer(transfer_id)
+
+    def lose(self) -> None:
+        """RuntimeLost (environment): the machinery is gone; every call but restart raises RuntimeFault.
+
+        In-flight transfers never land: restart abandons them instead of draining.
+        """
+        self.state.lost = True
+
+    def inject_fault(self, kind: FaultKind, nth: int) -> None:
+        """The model's side of FAULT_INJECTION: the Nth transfer of `kind` (moving a page), or the
+        Nth compute, from now fails where it would complete. LOST has no model side: the
+        harness calls `lose()` when the runtime reports RuntimeFault."""
+        if not isinstance(kind, FaultKind) or kind is FaultKind.LOST:
+            raise InvalidArgument(f"inject_fault takes FaultKind.BACKUP, RESTORE or COMPUTE on the model, not {kind!r}")
+        require_int("nth", nth)
+        if nth < 1:
+            raise InvalidArgument(f"nth counts from 1, got {nth}")
+        self.state.faults = (*self.state.faults, (kind, nth))
 
     # -- introspection -----------------------------------------------------------------
 

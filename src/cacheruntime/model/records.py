@@ -16,6 +16,7 @@ from cacheruntime.protocol import (
     BatchPlan,
     BatchState,
     CopyState,
+    FaultKind,
     PageRun,
     RequestRuntimeHandle,
     Tier,
@@ -131,7 +132,9 @@ class State:
 
     `batches` holds prepared batches only; `finished` maps an executed or cancelled
     batch to its state and sorted slots, all that `AlreadyExecuted`, `NotPrepared` and
-    `probe()` need of it.
+    `probe()` need of it. `lost` is RuntimeLost's mark (every call but restart raises
+    `RuntimeFault`); `faults` are the pending injections (kind, how many more to count)
+    and `doomed` the transfers an injection picked, which fail when they would complete.
     """
 
     epoch: int
@@ -149,6 +152,9 @@ class State:
     next_transfer: int = 0
     next_version: int = 1
     calls: Counter[str] = field(default_factory=Counter)
+    lost: bool = False
+    faults: tuple[tuple[FaultKind, int], ...] = ()
+    doomed: frozenset[int] = frozenset()
 
     def clone(self) -> State:
         """A copy deep enough for a transaction: every container an operation mutates is new.
@@ -176,6 +182,9 @@ class State:
             next_transfer=self.next_transfer,
             next_version=self.next_version,
             calls=Counter(self.calls),
+            lost=self.lost,
+            faults=self.faults,
+            doomed=self.doomed,
         )
 
 

@@ -1,10 +1,15 @@
-"""Transfers: tier moves as abstract pending events, and their completion.
+"""Transfers: tier moves as abstract pending events, their completion and their failure.
 
 A transfer takes its destination copies (FILLING) when it starts and copies the source
 tags into them when it completes: when the environment says so (`complete_transfer`,
 the TLA+ action CompleteTransfer), when compute needs it (`await_restores`: O1), or at
 `wait_completions` and restart. A transfer never completes before the transfers it
 waits for; completions are reported once, by `report`.
+
+A transfer that fails (FailTransfer, or one an injected fault doomed) leaves its
+destination copies absent and its sources as they were, and gives a DROPPING source
+copy back its VALID state: control asked to drop that copy only because the other one
+was coming (write-back, spec/protocol.md §4.11), and it did not come (F1).
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ from cacheruntime.model.records import Copy, Transfer
 from cacheruntime.protocol import (
     CacheExtentRef,
     CopyState,
+    FaultKind,
     NotBackedUp,
     Tier,
     TransferCompletion,
+    TransferFailure,
     TransferKind,
     TransferTicket,
 )
+
+_TIERS = {TransferKind.BACKUP: (Tier.L1, Tier.L2), TransferKind.RESTORE: (Tier.L2, Tier.L1)}
 
 
 class Transfers(Pages):
@@ -28,26 +37,40 @@ class Transfers(Pages):
     runtime_id: str
 
     def restore_pages(self, extent: CacheExtentRef) -> list[int]:
-        """Pages of the extent a restore must move; NotBackedUp if one has no host copy."""
+        """Pages of the extent a restore must move; NotBackedUp if one has no host copy.
+
+        A page whose device copy is DROPPING is not moved: the restore keeps that copy.
+        """
         record = self.state.extents[extent.generation]
         todo = []
         for page in record.pages:
             copies = self.state.pages[page].copies
             if Tier.L1 in copies:
                 continue
-            if Tier.L2 not in copies:
+            host = copies.get(Tier.L2)
+            if host is None or host.state is CopyState.DROPPING:
                 raise NotBackedUp(f"page {page} has neither a device nor a host copy")
             todo.append(page)
         return todo
 
+    def keep_dropping(self, pages: tuple[int, ...], tier: Tier) -> None:
+        """A restore (tier L1) or backup (L2) keeps the pages' DROPPING copies in `tier`: VALID again, nothing moves."""
+        for name in pages:
+            copies = self.state.pages[name].copies
+            copy_ = copies.get(tier)
+            if copy_ is not None and copy_.state is CopyState.DROPPING:
+                copies[tier] = Copy(copy_.phys, CopyState.VALID)
+
     def start_restore(self, extent: CacheExtentRef) -> TransferTicket:
-        """Start the restore of the extent's pages that have no device copy."""
-        return self.start_transfer(TransferKind.RESTORE, extent.generation, self.restore_pages(extent))
+        """Keep the extent's DROPPING device copies; start the restore of its pages with no device copy."""
+        todo = self.restore_pages(extent)
+        self.keep_dropping(self.state.extents[extent.generation].pages, Tier.L1)
+        return self.start_transfer(TransferKind.RESTORE, extent.generation, todo)
 
     def start_transfer(self, kind: TransferKind, generation: int, pages: list[int]) -> TransferTicket:
         """Take a destination copy per page and record the move; it waits for the transfers filling its sources."""
         st = self.state
-        src_tier, dst_tier = (Tier.L1, Tier.L2) if kind is TransferKind.BACKUP else (Tier.L2, Tier.L1)
+        src_tier, dst_tier = _TIERS[kind]
         transfer_id = st.next_transfer
         st.next_transfer += 1
         moves, waits = [], set()
@@ -62,29 +85,75 @@ class Transfers(Pages):
         ticket = TransferTicket(self.runtime_id, st.epoch, transfer_id, kind, generation, len(moves))
         touched = {(src_tier, src) for _, src, _ in moves} | {(dst_tier, dst) for _, _, dst in moves}
         st.transfers[transfer_id] = Transfer(kind, generation, tuple(moves), frozenset(waits), ticket, frozenset(touched))
-        if not moves:
+        if moves:
+            self.count_toward_fault(FaultKind(kind.value), transfer_id)
+        else:
             self.complete_transfer(transfer_id)
         return ticket
 
-    def complete_transfer(self, transfer_id: int) -> None:
-        """The transfer's copies land (tags copied, destination VALID); deferred frees it blocked run."""
+    def count_toward_fault(self, kind: FaultKind, transfer_id: int | None) -> bool:
+        """Count one transfer (or compute, `transfer_id` None) toward the pending injections of `kind`.
+
+        Every pending injection of `kind` counts it; one that reaches 0 picks it and is
+        spent. A picked transfer is doomed: it fails when it would complete.
+        """
         st = self.state
+        counted = [(fault_kind, n - 1 if fault_kind is kind else n) for fault_kind, n in st.faults]
+        st.faults = tuple(fault for fault in counted if fault[1] > 0)
+        picked = len(st.faults) < len(counted)
+        if picked and transfer_id is not None:
+            st.doomed = st.doomed | {transfer_id}
+        return picked
+
+    def complete_transfer(self, transfer_id: int) -> None:
+        """The transfer's copies land (tags copied, destination VALID); deferred frees it blocked run.
+
+        A doomed transfer fails instead (`fail_transfer`).
+        """
+        st = self.state
+        if transfer_id in st.doomed:
+            self.fail_transfer(transfer_id)
+            return
         tr = st.transfers.pop(transfer_id)
-        src_tier, dst_tier = (Tier.L1, Tier.L2) if tr.kind is TransferKind.BACKUP else (Tier.L2, Tier.L1)
+        src_tier, dst_tier = _TIERS[tr.kind]
         for name, src, dst in tr.pages:
             st.pools[dst_tier].tags[dst] = list(st.pools[src_tier].tags[src])
             page = st.pages.get(name)
             target = page.copies.get(dst_tier) if page else None
             if page is not None and target is not None and target.phys == dst:
                 page.copies[dst_tier] = Copy(dst, CopyState.VALID)
+                source = page.copies.get(src_tier)
+                if source is not None and source.state is CopyState.DROPPING:
+                    self.drop_copy(name, src_tier)  # write-back: the copy it waited for has landed
+        self.run_deferred(transfer_id)
+        st.unreported.append(TransferCompletion(tr.ticket))
+
+    def fail_transfer(self, transfer_id: int) -> None:
+        """The transfer failed: its destination copies go, its DROPPING sources are VALID again (F1)."""
+        st = self.state
+        tr = st.transfers.pop(transfer_id)
+        st.doomed = st.doomed - {transfer_id}
+        src_tier, dst_tier = _TIERS[tr.kind]
+        for name, _, dst in tr.pages:
+            page = st.pages.get(name)
+            target = page.copies.get(dst_tier) if page else None
+            if page is not None and target is not None and target.phys == dst:
+                self.drop_copy(name, dst_tier)
+                source = page.copies.get(src_tier)
+                if source is not None and source.state is CopyState.DROPPING:
+                    page.copies[src_tier] = Copy(source.phys, CopyState.VALID)
+        self.run_deferred(transfer_id)
+        st.unreported.append(TransferCompletion(tr.ticket, TransferFailure.COPY))
+
+    def run_deferred(self, transfer_id: int) -> None:
+        """The deferred frees that waited for `transfer_id`: each that waits for nothing more runs."""
         for tier in (Tier.L1, Tier.L2):
-            pool = st.pools[tier]
+            pool = self.state.pools[tier]
             for phys in sorted(pool.deferred):
                 pool.deferred[phys].discard(transfer_id)
                 if not pool.deferred[phys]:
                     del pool.deferred[phys]
                     pool.free.append(phys)
-        st.unreported.append(TransferCompletion(tr.ticket))
 
     def await_restores(self, pages: list[int]) -> None:
         """Complete, in dependency order, every transfer filling an L1 copy of `pages` (O1)."""

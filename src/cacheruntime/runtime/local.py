@@ -1,11 +1,9 @@
 """`LocalGPURuntime`: the contract of `spec/protocol.md` on real KV memory, in the caller's process.
 
-A thin facade over two parts (docs/architecture.md):
-
-- `ledger` (`cacheruntime.runtime.ledger`, no torch): the bookkeeping, section by section
-  as in the reference model, with the call's transaction;
-- `device_layer` (`cacheruntime.runtime.device`): KV memory, ReqToToken, streams and
-  events, the runner, the D2H throttle and the ordering points O1/O2.
+A thin facade over two parts (docs/architecture.md): the `ledger` (no torch: the
+bookkeeping, section by section as in the model, with the call's transaction) and the
+`device_layer` (KV memory, ReqToToken, streams and events, the runner, the D2H throttle,
+the ordering points O1/O2); what it does about faults is `runtime/faults.py`.
 
 Every call begins a transaction, checks its arguments and preconditions in the model's
 order and changes the ledger, commits, and only then touches the device (writes
@@ -28,7 +26,7 @@ from cacheruntime.protocol import (
     BatchPlan,
     CacheExtentRef,
     Capability,
-    ComputeFailed,
+    FaultKind,
     OutOfSlots,
     PreparedBatchHandle,
     Publish,
@@ -41,11 +39,13 @@ from cacheruntime.protocol import (
     TransferTicket,
     Unsupported,
 )
-from cacheruntime.runtime.device.layer import DeviceLayer
+from cacheruntime.runtime.device.deadstreams import StreamDead
+from cacheruntime.runtime.device.layer import DeviceLayer, ReadsFailed
 from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runner
 from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS
+from cacheruntime.runtime.faults import FaultHandling
 from cacheruntime.runtime.ledger import FreeOrder, Ledger, Numbering, Reporting
 from cacheruntime.runtime.ledger.batches import item_results
 from cacheruntime.runtime.ledger.choices import MODEL_NUMBERING
@@ -54,7 +54,7 @@ from cacheruntime.runtime.ledger.transaction import operation
 __all__ = ["D2H_ISSUE_POINTS", "LocalGPURuntime"]
 
 
-class LocalGPURuntime:
+class LocalGPURuntime(FaultHandling):
     """A GPU cache runtime in the caller's process, on torch, for `device="cpu"` or `"cuda"`."""
 
     def __init__(
@@ -122,12 +122,13 @@ class LocalGPURuntime:
             seed=seed,
             vocab_size=(config or DecoderConfig()).vocab,
         )
+        self.lost_cause = ""  # why the machinery is gone, while `ledger.state.lost`
 
     # -- info, test knobs, reference compute ---------------------------------------------
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        caps = {Capability.ASYNC_TRANSFERS, Capability.INTROSPECTION, Capability.RESTART, Capability.DELAY_KNOB}
+        caps = {Capability.ASYNC_TRANSFERS, Capability.INTROSPECTION, Capability.RESTART, Capability.DELAY_KNOB, Capability.FAULT_INJECTION}
         if self.device_layer.schedule is not None:
             caps.add(Capability.SCHEDULE_SEED)
         if self.l2_pages:
@@ -156,12 +157,8 @@ class LocalGPURuntime:
         return self._info()
 
     def set_transfer_delay(self, seconds: float, kind: TransferKind | None = None) -> None:
-        """Test-only: hold the transfer stream `seconds` before every copy of `kind` (both if None).
-
-        Different delays per direction make a missing dependency between transfers a sure
-        race: with backups slower than restores, a restore that does not wait for the
-        backup filling its host copy reads it before the D2H lands (DELAY_KNOB).
-        """
+        """Test-only: hold the transfer stream `seconds` before every copy of `kind` (both if None),
+        so that a missing wait (O1, O2) or a page reused under a copy (O3) is a sure race (DELAY_KNOB)."""
         if seconds < 0:
             raise ValueError("the transfer delay cannot be negative")
         for k in (TransferKind.BACKUP, TransferKind.RESTORE) if kind is None else (kind,):
@@ -211,7 +208,7 @@ class LocalGPURuntime:
         """Check the plan, then reserve and map its rows, write ReqToToken, start its restores."""
         ledger = self.ledger
         batch_id, mapping = ledger.apply_plan(ledger.check_plan(plan))
-        self._commit()
+        self.commit()
         self.device_layer.write_req_to_token(*mapping)
         self._launch_started()
         return PreparedBatchHandle(self.runtime_id, ledger.state.epoch, batch_id)
@@ -220,25 +217,29 @@ class LocalGPURuntime:
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
         """Wait for the restores compute reads (O1), compute, apply the intents, return outputs.
 
-        The call commits only after compute succeeded; if the runner raises, the call's
-        changes are rolled back and the batch fails instead (`ComputeFailed`, §4.5).
+        The call commits only after compute succeeded; if a restore it reads failed or the
+        runner raises, the call is rolled back and the batch fails instead (`ComputeFailed`, §4.5).
         """
         ledger, layer = self.ledger, self.device_layer
         executed = ledger.execute(batch)
         launched = layer.launched
-        kv_ready = [launched[t] for t in executed.kv_ready if t in launched]
+        kv_ready = {t: launched[t] for t in executed.kv_ready if t in launched}
+        injected = bool(ledger.state.faults) and ledger.count_toward_fault(FaultKind.COMPUTE)
         record, rows = executed.record, executed.rows
         items = ComputeBatch(record.slots, record.starts, record.ends, executed.first_tags, record.plan.items, rows)
         try:
-            tokens = layer.run_compute(items, kv_ready, ledger.txn.started, ledger.state.transfers)
+            tokens = layer.run_compute(
+                items, kv_ready, ledger.txn.started, ledger.state.transfers, ledger.state.doomed, layer.compute_fault_site if injected else None
+            )
+        except StreamDead:
+            raise
+        except ReadsFailed as error:  # KV_READY: a restore compute reads failed; compute did not run
+            self.fail_batch(batch, str(error), set(error.transfer_ids), False, error)
         except Exception as error:
-            ledger.txn.rollback()
-            failed = ledger.fail_batches(batch.batch_id)
-            self._commit()
-            raise ComputeFailed(f"the runner raised in batch {batch.batch_id}: {error!r}; batches {list(failed)} failed", failed, repr(error)) from error
+            self.fail_batch(batch, f"the runner raised: {error!r}", set(), injected, error)
         ledger.txn.started = []
         ledger.settle(executed, batch.batch_id)
-        self._commit()
+        self.commit()
         for slot, token in zip(rows, tokens):
             slot.last_output = token
         return BatchCompletion(batch, item_results(record.requests, record.ends, tokens), executed.published, executed.tickets)
@@ -276,12 +277,9 @@ class LocalGPURuntime:
     def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
         """Apply standalone tier intents in order, atomically; a ticket per Backup and Restore."""
         tickets = self.ledger.submit(intents)
-        self._commit()
+        self.commit()
         self._launch_started()
-        layer = self.device_layer
-        if layer.throttle is not None and layer.throttle.queue:
-            layer.pump(1)
-            layer.executed_since_pump = False
+        self.device_layer.pump_after_submit()
         return tickets
 
     @operation(journal=False)
@@ -290,31 +288,40 @@ class LocalGPURuntime:
         ledger, layer = self.ledger, self.device_layer
         layer.pump_idle()
         if ledger.state.transfers:
-            ledger.complete_in_order(layer.done(list(ledger.state.transfers)))
+            ledger.complete_in_order(*layer.done(list(ledger.state.transfers)))
         return ledger.report(wait=False)
 
     @operation()
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         """Block until every transfer has finished, complete them all, report everything.
 
-        The ledger's completions (per page: its tags and its copy made valid) run before
-        the host blocks on the copies' events, so on CUDA they overlap the copies' tail.
-        They are journaled: if blocking fails (a CUDA copy error surfaces at the event, or
-        the wait is interrupted), they are undone and every transfer is still in flight.
+        The ledger's completions (per page: its tags and its copy made valid, or gone for a
+        copy that failed) run before the host blocks on the copies' events, so on CUDA they
+        overlap the copies' tail; journaled, they are undone if the wait is interrupted.
         """
         ledger = self.ledger
-        pending = self.device_layer.wait_all(sorted(ledger.state.transfers))
-        ledger.complete_all()
+        pending, failed = self.device_layer.wait_all(sorted(ledger.state.transfers))
+        ledger.complete_all(failed)
         for launched in pending:
             launched.event.synchronize()
         return ledger.report(wait=True)
 
     @operation()
     def restart(self) -> RuntimeInfo:
-        """Drain and discard transfers, forget everything, bump the epoch: every handle goes stale."""
-        self.device_layer.drain()
-        self.ledger.restart()
-        self._commit()
+        """Drain and discard transfers, forget everything, bump the epoch: every handle goes stale.
+
+        After RuntimeLost nothing can drain: the streams are replaced and the transfers in
+        flight abandoned (their copies never land); the runtime serves again.
+        """
+        layer, ledger = self.device_layer, self.ledger
+        if not ledger.state.lost and layer.alive():
+            layer.drain()
+        if not ledger.state.lost and layer.alive():
+            ledger.restart(layer.failed_of(t for t in ledger.state.transfers if t in layer.launched))
+        else:
+            layer.replace_streams()
+            ledger.restart(abandoned=True)
+        self.commit()
         return self._info()
 
     # -- introspection (test-only; never part of a scheduling step) --------------------
@@ -328,7 +335,7 @@ class LocalGPURuntime:
 
     # -- the call's commit and its device work -----------------------------------------
 
-    def _commit(self) -> None:
+    def commit(self) -> None:
         """Every precondition held: keep the ledger's changes, count the call (B1), forget completed launches."""
         ledger = self.ledger
         ledger.txn.commit(ledger.state.calls)
@@ -339,5 +346,5 @@ class LocalGPURuntime:
         """Issue the transfers this call started, in id order, each on its stream."""
         txn = self.ledger.txn
         if txn.started:
-            self.device_layer.launch_all(txn.started, self.ledger.state.transfers)
+            self.device_layer.launch_all(txn.started, self.ledger.state.transfers, self.ledger.state.doomed)
             txn.started = []

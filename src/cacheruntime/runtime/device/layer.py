@@ -14,13 +14,16 @@ transfers on their streams, runs compute. Ordering (the reason the runtime exist
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 import torch
 
 from cacheruntime.protocol import Tier, TransferKind
+from cacheruntime.runtime.device.deadstreams import StreamDead, StreamWorkerDied
 from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.reqtotoken import ReqToToken
@@ -35,12 +38,33 @@ from cacheruntime.runtime.ledger.records import Transfer
 STREAM_KINDS = ("threads", "simulated")
 
 
+#: Where an injected copy fault strikes (spec/faults.md): when the copy is issued (it never
+#: reaches its stream) or on the stream while it runs. The protocol outcome is the same.
+COPY_FAULT_SITES = ("issue", "stream")
+#: Where an injected compute fault strikes: the runner raises before it writes KV, or after.
+COMPUTE_FAULT_SITES = ("before_writes", "after_writes")
+
+
+class InjectedFault(RuntimeError):
+    """The error an injected fault raises where a real copy or runner error would (FAULT_INJECTION)."""
+
+
+class Failed:
+    """The result of a copy that failed at issue: it never reached its stream."""
+
+    def __init__(self, error: BaseException):
+        self._error = error
+
+    def result(self) -> Any:
+        raise self._error
+
+
 @attrs.frozen
 class Launched:
     """A transfer issued to its stream: the event after its copy, and the copy's result."""
 
     event: Event
-    result: Result | Results
+    result: Result | Results | Failed
 
 
 class DeviceLayer:
@@ -100,16 +124,26 @@ class DeviceLayer:
         self.throttle = None if piece_pages is None else D2HThrottle(piece_pages, self._issue_piece, self._backup_issued)
         self.d2h_issue = d2h_issue
         self.executed_since_pump = False
+        #: Injected faults (FAULT_INJECTION): where a doomed copy fails, per kind; launches left
+        #: until a stream worker dies (LOST); where an injected compute fault strikes.
+        self.copy_fault_site = {TransferKind.BACKUP: "stream", TransferKind.RESTORE: "stream"}
+        self.launches_until_lost: int | None = None
+        self.compute_fault_site = "before_writes"
+        self._piece_pages = piece_pages
 
     # -- transfers ---------------------------------------------------------------------
 
-    def launch_all(self, transfer_ids: list[int], transfers: dict[int, Transfer]) -> None:
-        """Issue the transfers a call started, in id order, each on its stream."""
+    def launch_all(self, transfer_ids: list[int], transfers: dict[int, Transfer], doomed: set[int] | frozenset[int] = frozenset()) -> None:
+        """Issue the transfers a call started, in id order, each on its stream; the `doomed` ones fail."""
         for transfer_id in transfer_ids:
-            self.launch(transfer_id, transfers[transfer_id])
+            self.launch(transfer_id, transfers[transfer_id], transfer_id in doomed)
 
-    def launch(self, transfer_id: int, record: Transfer) -> None:
-        """Issue one transfer after the transfers it waits for (a backup: through the throttle)."""
+    def launch(self, transfer_id: int, record: Transfer, doomed: bool = False) -> None:
+        """Issue one transfer after the transfers it waits for (a backup: through the throttle).
+
+        A `doomed` copy (an injected fault) fails at the site `copy_fault_site` names, and
+        the stream worker running the launch that `launches_until_lost` counts down to dies.
+        """
         backup = record.kind is TransferKind.BACKUP
         throttle = self.throttle
         if throttle is not None and throttle.queued and not record.waits_for.isdisjoint(throttle.queued):
@@ -117,7 +151,8 @@ class DeviceLayer:
         deps = [self.launched[w].event for w in sorted(record.waits_for) if w in self.launched]
         sources = [src for _, src, _ in record.pages]
         destinations = [dst for _, _, dst in record.pages]
-        if backup and throttle is not None:
+        dies = self._count_launch_toward_lost()
+        if backup and throttle is not None and not (doomed or dies):
             throttle.enqueue(transfer_id, sources, destinations, deps)
             return
         stream = self.d2h if backup else self.h2d
@@ -128,8 +163,26 @@ class DeviceLayer:
         if delay:
             stream.sleep(delay)
         move = self.memory.backup if backup else self.memory.restore
-        result = stream.submit(lambda: move(sources, destinations))
+        result: Result | Failed
+        if dies:
+            result = stream.submit(_die)
+        elif doomed and self.copy_fault_site[record.kind] == "issue":
+            result = Failed(InjectedFault(f"injected: the copy of transfer {transfer_id} failed at issue"))
+        elif doomed:
+            result = stream.submit(functools.partial(_fail, f"injected: the copy of transfer {transfer_id} failed on its stream"))
+        else:
+            result = stream.submit(lambda: move(sources, destinations))
         self.launched[transfer_id] = Launched(stream.record(), result)
+
+    def _count_launch_toward_lost(self) -> bool:
+        """One more launch: whether it is the one whose stream worker dies (an injected LOST fault)."""
+        if self.launches_until_lost is None:
+            return False
+        self.launches_until_lost -= 1
+        if self.launches_until_lost:
+            return False
+        self.launches_until_lost = None
+        return True
 
     def _issue_piece(self, piece: Piece) -> Result:
         """Put one throttled backup piece on the D2H stream, after its dependencies and the latest compute (O2)."""
@@ -150,27 +203,65 @@ class DeviceLayer:
         if self.throttle is not None and self.throttle.queue:
             self.throttle.pump(pieces)
 
+    def pump_after_submit(self) -> None:
+        """After a submit: one queued backup piece, so that backups submitted between batches move on."""
+        if self.throttle is not None and self.throttle.queue:
+            self.pump(1)
+            self.executed_since_pump = False
+
     def pump_idle(self) -> None:
         """At a poll: if no batch ran since the last one, one piece, so that the D2H still moves on."""
         if not self.executed_since_pump:
             self.pump(1)
         self.executed_since_pump = False
 
-    def done(self, transfer_ids: list[int]) -> set[int]:
-        """Which of `transfer_ids` have finished on their streams; a copy that raised surfaces here."""
+    def done(self, transfer_ids: list[int]) -> tuple[set[int], set[int]]:
+        """Which of `transfer_ids` have finished on their streams: (landed, failed).
+
+        A copy that raised (at issue, or on its stream) failed; a dead stream raises `StreamDead`.
+        """
         launched = self.launched
         done = {t for t in transfer_ids if t in launched and launched[t].event.query()}
-        for t in done:
-            launched[t].result.result()
-        return done
+        return done - (failed := self.failed_of(done)), failed
 
-    def wait_all(self, transfer_ids: list[int]) -> list[Launched]:
-        """Issue everything queued; surface any copy that raised; the launches, to synchronize on."""
+    def failed_of(self, transfer_ids: Iterable[int]) -> set[int]:
+        """Those of `transfer_ids` (launched) whose copy raised; blocks until each has run.
+
+        `StreamDead` (the machinery is gone) propagates: it is not a failed copy.
+        """
+        failed = set()
+        for t in transfer_ids:
+            try:
+                self.launched[t].result.result()
+            except StreamDead:
+                raise
+            except Exception:
+                failed.add(t)
+        return failed
+
+    def wait_all(self, transfer_ids: list[int]) -> tuple[list[Launched], set[int]]:
+        """Issue everything queued; the launches, to synchronize on, and those whose copy failed."""
         self.pump()
         pending = [self.launched[t] for t in transfer_ids]
-        for launched in pending:
-            launched.result.result()  # a copy that raised at launch (or, on CPU, while it ran) surfaces here
-        return pending
+        return pending, self.failed_of(transfer_ids)
+
+    def alive(self) -> bool:
+        """Whether every stream's worker still runs (a dead one is found directly, never by a timeout)."""
+        return self.compute.alive and self.h2d.alive and self.d2h.alive
+
+    def replace_streams(self) -> None:
+        """After RuntimeLost: new streams and an empty throttle; every launch is forgotten (restart)."""
+        self._finalizer()
+        piece_pages = self._piece_pages
+        if self.schedule is not None:
+            self.schedule.streams.clear()
+        self.compute = make_stream("compute", self.device, schedule=self.schedule)
+        self.h2d = make_stream("h2d", self.device, schedule=self.schedule)
+        self.d2h = make_stream("d2h", self.device, schedule=self.schedule)
+        self._finalizer = weakref.finalize(self, _close_streams, (self.compute, self.h2d, self.d2h))
+        self.throttle = None if piece_pages is None else D2HThrottle(piece_pages, self._issue_piece, self._backup_issued)
+        self.launched = {}
+        self.compute_event = None
 
     def forget(self, in_flight: dict[int, Transfer]) -> None:
         """Drop the launches of transfers the ledger completed."""
@@ -189,15 +280,24 @@ class DeviceLayer:
         """Map pages into ReqToToken on the compute stream (compute reads it in stream order)."""
         self.req_to_token.write(self.compute, slots, page_index, phys)
 
-    def run_compute(self, items: ComputeBatch, kv_ready: list[Launched], started: list[int], transfers: dict[int, Transfer]) -> list[int]:
+    def run_compute(
+        self,
+        items: ComputeBatch,
+        kv_ready: dict[int, Launched],
+        started: list[int],
+        transfers: dict[int, Transfer],
+        doomed: set[int] | frozenset[int] = frozenset(),
+        fault: str | None = None,
+    ) -> list[int]:
         """Run the batch after its restores (O1); record the compute event; launch the transfers `started`.
 
         A runner that raises (at once on CUDA, at its result on CPU) raises here before any
         of `started` is launched, so the failed batch's intents never reach a stream.
         """
-        self.ordering.wait_kv_ready(self.compute, [launched.event for launched in kv_ready])
+        self.ordering.wait_kv_ready(self.compute, [launched.event for launched in kv_ready.values()])
         runner, memory, table = self.runner, self.memory, self.req_to_token.table
-        result = self.compute.submit(lambda: runner.forward(memory, table, items))
+        reads = {t: launched.result for t, launched in kv_ready.items()}
+        result = self.compute.submit(functools.partial(_forward, runner, memory, table, items, reads, fault))
         issue, queued = self.d2h_issue, self.throttle is not None and bool(self.throttle.queue)
         if issue == "under_compute" and queued:
             # Every queued piece belongs to a backup started before this batch, so the compute
@@ -206,7 +306,7 @@ class DeviceLayer:
         self.compute_event = self.compute.record()
         if started:
             result.result()  # the runner's error, if any, before the batch's backups are issued
-        self.launch_all(started, transfers)
+        self.launch_all(started, transfers, doomed)
         if issue == "after_compute":
             self.pump(1)  # waits for this batch's compute event
         self.executed_since_pump = True
@@ -237,6 +337,48 @@ class DeviceLayer:
     def close(self) -> None:
         """Drain the streams and stop their workers."""
         self._finalizer()
+
+
+def _die() -> None:
+    """An injected LOST fault: the stream worker running this dies."""
+    raise StreamWorkerDied
+
+
+def _fail(what: str) -> None:
+    """An injected copy fault on the stream: the copy raises where a real one would."""
+    raise InjectedFault(what)
+
+
+class ReadsFailed(RuntimeError):
+    """Compute found, once its KV_READY waits were done, that a restore it reads failed: it does not run."""
+
+    def __init__(self, transfer_ids: list[int]):
+        self.transfer_ids = transfer_ids
+        super().__init__(f"restores {transfer_ids} that compute reads failed")
+
+
+def _forward(runner: Runner, memory: KVMemory, table: torch.Tensor, items: ComputeBatch, reads: dict[int, Any], fault: str | None) -> Any:
+    """Compute on its stream: first the outcome of the restores it waited for (KV_READY), then the
+    runner; an injected compute fault raises before the runner writes KV, or after (its writes then
+    lie only where no executed batch wrote: the failed batch's own positions, spec §4.5).
+
+    The restores' outcomes are read without blocking: a copy not run yet (only a runtime that
+    skipped the wait, a mutant, can meet one) is not a failed one.
+    """
+    failed = [t for t, result in reads.items() if _failed_already(result)]
+    if failed:
+        raise ReadsFailed(failed)
+    if fault == "before_writes":
+        raise InjectedFault("injected: the runner raised before writing KV")
+    output = runner.forward(memory, table, items)
+    if fault == "after_writes":
+        raise InjectedFault("injected: the runner raised after writing KV")
+    return output
+
+
+def _failed_already(result: Any) -> bool:
+    """Whether a copy's result is in and is an error (never blocks)."""
+    return isinstance(result, Failed) or getattr(result, "_error", None) is not None  # an error is kept once the copy ran
 
 
 def _close_streams(streams: tuple[Stream, ...]) -> None:

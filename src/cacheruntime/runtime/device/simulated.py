@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from cacheruntime.runtime.device.deadstreams import StreamDead, StreamWorkerDied, abandon
+
 #: The most steps a `query` lets the schedule take before it answers (it picks 0 .. QUERY_STEPS):
 #: an event may or may not be done when the runtime polls, as on threads, and all the
 #: work queued is still run at the next `synchronize`.
@@ -140,6 +142,7 @@ class SimStream:
 
     def __init__(self, name: str, schedule: Schedule):
         self.name = name
+        self.alive = True  # False once a step raised StreamWorkerDied: its queue was abandoned
         self.schedule = schedule
         self.queue: deque[Callable[[], None] | _Wait | _Sleep] = deque()
         schedule.streams.append(self)
@@ -147,7 +150,18 @@ class SimStream:
     def run_next(self) -> None:
         step = self.queue.popleft()
         if callable(step):
-            step()
+            try:
+                step()
+            except StreamWorkerDied:
+                self.alive = False
+                while self.queue:
+                    abandon(self.queue.popleft(), self.name)
+
+    def _put(self, step: Callable[[], None] | _Wait | _Sleep) -> None:
+        if self.alive:
+            self.queue.append(step)
+        else:
+            abandon(step, self.name)
 
     def submit(self, fn: Callable[[], Any]) -> SimResult:
         """Queue `fn` after everything submitted before; its value (or error) arrives in the result."""
@@ -156,26 +170,31 @@ class SimStream:
         def job() -> None:
             try:
                 result._value = fn()
+            except StreamWorkerDied:
+                result._error = StreamDead(f"the {self.name} stream's worker died running this")
+                result.set()
+                raise
             except BaseException as error:  # kept for whoever reads the result
                 result._error = error
             result.set()
 
-        self.queue.append(job)
+        job.result = result  # type: ignore[attr-defined]  # for `abandon`
+        self._put(job)
         return result
 
     def record(self) -> SimEvent:
         """An event that is done once the schedule has run everything queued here so far."""
         event = SimEvent(self.schedule)
-        self.queue.append(event.set)
+        self._put(event.set)
         return event
 
     def wait(self, event: Any) -> None:
         """Steps queued from now on run only after `event` (from any simulated stream) is done."""
-        self.queue.append(_Wait(event))
+        self._put(_Wait(event))
 
     def sleep(self, seconds: float) -> None:
         """The delay knob: later steps here run only once no other stream can move (no time passes)."""
-        self.queue.append(_Sleep())
+        self._put(_Sleep())
 
     def synchronize(self) -> None:
         """Run the schedule until everything queued here so far has run."""

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
+from cacheruntime.runtime.device.deadstreams import StreamDead, StreamWorkerDied, abandon
 from cacheruntime.runtime.device.simulated import Schedule, SimStream
 
 
@@ -93,13 +94,37 @@ class CpuStream:
 
     def __init__(self, name: str):
         self.name = name
+        self.alive = True  # False once the worker died (StreamWorkerDied): it runs nothing more
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # orders a submit's liveness check against the worker's death
         self._thread = threading.Thread(target=self._work, name=f"cacheruntime-{name}", daemon=True)
         self._thread.start()
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
-            job()
+            try:
+                job()
+            except StreamWorkerDied:
+                self._die()
+                return
+
+    def _die(self) -> None:
+        """The worker stops for good: everything queued is abandoned, so its waiters wake."""
+        with self._lock:
+            self.alive = False
+        while True:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            abandon(entry, self.name)
+
+    def _put(self, entry: Callable[[], None]) -> None:
+        with self._lock:
+            if self.alive:
+                self._queue.put(entry)
+                return
+        abandon(entry, self.name)
 
     def submit(self, fn: Callable[[], Any]) -> CpuResult:
         """Queue `fn` after everything submitted before; its value (or error) arrives in the result."""
@@ -108,26 +133,31 @@ class CpuStream:
         def job() -> None:
             try:
                 result._value = fn()
+            except StreamWorkerDied:
+                result._error = StreamDead(f"the {self.name} stream's worker died running this")
+                result.set()
+                raise
             except BaseException as error:  # kept for whoever reads the result
                 result._error = error
             result.set()
 
-        self._queue.put(job)
+        job.result = result  # type: ignore[attr-defined]  # for `abandon`
+        self._put(job)
         return result
 
     def record(self) -> CpuEvent:
         """An event that is set when the worker has run everything submitted so far."""
         event = CpuEvent()
-        self._queue.put(event.set)
+        self._put(event.set)
         return event
 
     def wait(self, event: Event) -> None:
         """Work submitted from now on starts only after `event` (from any stream) is done."""
-        self._queue.put(event.synchronize)
+        self._put(event.synchronize)
 
     def sleep(self, seconds: float) -> None:
         """Hold the stream for `seconds` before later work (the delay knob)."""
-        self._queue.put(lambda: time.sleep(seconds))
+        self._put(lambda: time.sleep(seconds))
 
     def synchronize(self) -> None:
         """Block until everything submitted so far has run."""
@@ -139,7 +169,9 @@ class CpuStream:
         Waiting matters at interpreter exit: a worker killed inside a torch kernel aborts
         the process.
         """
-        self._queue.put(None)
+        self._put(lambda: None)  # a dead worker has nothing to stop
+        if self.alive:
+            self._queue.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join()
 
@@ -211,12 +243,19 @@ class CudaStream:
     def __init__(self, name: str, device: torch.device, priority: int = 0):
         self.name = name
         self.device = device
+        self.alive = True  # False once a launch raised StreamWorkerDied (an injected LOST fault)
         self._stream = torch.cuda.Stream(device, priority=priority)
 
     def submit(self, fn: Callable[[], Any]) -> Ready:
         """Run `fn` with this stream current, so every kernel it launches is queued here."""
+        if not self.alive:
+            raise StreamDead(f"the {self.name} stream is dead")
         with on_stream(self._stream):
-            return Ready(fn())
+            try:
+                return Ready(fn())
+            except StreamWorkerDied:
+                self.alive = False
+                raise StreamDead(f"the {self.name} stream died launching this") from None
 
     def record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()

@@ -37,7 +37,6 @@ from cacheruntime.protocol import (
     Restore,
     RowFull,
     Tier,
-    TransferKind,
     TransferTicket,
 )
 from cacheruntime.runtime.ledger.arguments import batch_fields, intents_fields, items_fields
@@ -96,18 +95,20 @@ class Batches(_Base):
         if not items:
             raise InvalidPlan("a plan needs at least one item")
         handles = self.item_handles(items, plan.intents)
-        restoring: set[int] = set()
+        restoring: set[int] = set()  # pages a restore of the plan moves or keeps (dropping)
+        moving: set[int] = set()  # of those, the pages it moves: each needs a free device page
         for intent in plan.intents:
             if isinstance(intent, Restore):
-                restoring.update(self.restore_pages(intent.extent))
+                moving.update(self.restore_pages(intent.extent))
+                restoring.update(self.state.extents[intent.extent.generation].pages)
         rows = handles.rows
         start_tokens = [slot.reserved_tokens for slot in rows]
         ends = list(map(operator.add, start_tokens, handles.lengths))
-        route = self.decode_route(handles, start_tokens, ends, len(restoring))
+        route = self.decode_route(handles, start_tokens, ends, len(moving))
         if route is not None:
             starts, one_token, offsets, opened, need = route
         else:
-            starts, ends, need, one_token = self.check_items(handles.slots, rows, items, start_tokens, restoring)
+            starts, ends, need, one_token = self.check_items(handles.slots, rows, items, start_tokens, restoring, len(moving))
             offsets, opened = None, 0
         self.require_free(Tier.L1, need)
         return CheckedPlan(
@@ -115,13 +116,13 @@ class Batches(_Base):
         )
 
     def check_items(
-        self, slots: list[int], rows: list[Slot], items: tuple[BatchItem, ...], start_tokens: list[int], restoring: set[int]
+        self, slots: list[int], rows: list[Slot], items: tuple[BatchItem, ...], start_tokens: list[int], restoring: set[int], moving: int
     ) -> tuple[list[int], list[int], int, bool]:
         """Per item, in plan order: its tokens, attach, append and row size. (starts, ends, L1 pages needed, one token each)."""
-        ps, max_tokens, pages, extents, l1 = self.page_size, self.max_request_tokens, self.state.pages, self.state.extents, Tier.L1
+        ps, max_tokens, extents, l1 = self.page_size, self.max_request_tokens, self.state.extents, Tier.L1
         starts: list[int] = []
         ends: list[int] = []
-        need = len(restoring)
+        need = moving
         one_token = True
         for slot_id, slot, item, reserved in zip(slots, rows, items, start_tokens):
             row_pages = len(slot.pages)
@@ -141,7 +142,7 @@ class Batches(_Base):
                 for extent in item.attach:
                     extent_pages = extents[extent.generation].pages
                     for page in extent_pages:
-                        if l1 not in pages[page].copies and page not in restoring:
+                        if not self.has_copy(page, l1) and page not in restoring:
                             raise NotResident(f"page {page} of an attached extent has no device copy and no restore")
                     attached += len(extent_pages)
                     referenced += extent.page_count
@@ -161,7 +162,7 @@ class Batches(_Base):
         st = self.state
         for intent in checked.plan.intents:
             if isinstance(intent, Restore):
-                self.start_transfer(TransferKind.RESTORE, intent.extent.generation, self.restore_pages(intent.extent))
+                self.start_restore(intent.extent, self.restore_pages(intent.extent))
         if checked.offsets is not None:
             mapping = self.apply_decode(checked)
         else:
@@ -254,6 +255,8 @@ class Batches(_Base):
             for slot, end in zip(rows, record.ends):
                 read = slot.pages[: -(-end // ps)]
                 if not restoring.isdisjoint(read):
+                    if self.txn.journal is None:
+                        self.txn.start_journal()  # a restore it awaits may turn out failed: the call must undo
                     ready += self.await_restores(set(read))
                     restoring = self.restoring_pages()
         if self.txn.journal is None:

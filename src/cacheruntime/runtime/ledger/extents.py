@@ -147,23 +147,22 @@ class Extents(_Base):
         if isinstance(intent, Backup):
             todo = [p for p in record.pages if Tier.L2 not in st.pages[p].copies]
             self.require_free(Tier.L2, len(todo))
+            self.keep_dropping(record.pages, Tier.L2)
             return self.start_transfer(TransferKind.BACKUP, intent.extent.generation, todo)
         if isinstance(intent, Demote):
             for page in record.pages:
-                if Tier.L2 not in st.pages[page].copies:
+                if not self.has_copy(page, Tier.L2):
                     raise NotBackedUp(f"page {page} has no host copy and no backup in flight")
             self.check_demote_unmapped(record)
             for page in record.pages:
-                if Tier.L1 in st.pages[page].copies:
-                    self.drop_copy(page, Tier.L1)
+                self.drop_or_keep_until_landed(page, Tier.L1)
             return None
         if isinstance(intent, Drop):
             for page in record.pages:
-                if Tier.L1 not in st.pages[page].copies:
+                if not self.has_copy(page, Tier.L1):
                     raise WouldLoseData(f"page {page} has no device copy; dropping its host copy loses it")
             for page in record.pages:
-                if Tier.L2 in st.pages[page].copies:
-                    self.drop_copy(page, Tier.L2)
+                self.drop_or_keep_until_landed(page, Tier.L2)
             return None
         raise InvalidPlan(f"unknown intent {type(intent).__name__}")
 
@@ -179,7 +178,7 @@ class Extents(_Base):
             if isinstance(intent, Restore):
                 pages = self.restore_pages(intent.extent)
                 self.require_free(Tier.L1, len(pages))
-                tickets.append(self.start_transfer(TransferKind.RESTORE, intent.extent.generation, pages))
+                tickets.append(self.start_restore(intent.extent, pages))
             else:
                 outcome = self.apply_intent(intent)
                 if isinstance(outcome, TransferTicket):

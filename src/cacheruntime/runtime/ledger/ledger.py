@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from cacheruntime.protocol import (
@@ -22,6 +23,7 @@ from cacheruntime.protocol import (
     CacheExtentRef,
     CopyState,
     ExtentView,
+    FaultKind,
     Intent,
     PageView,
     PoolView,
@@ -40,7 +42,7 @@ from cacheruntime.runtime.ledger.decode import Decode, ItemHandles, Mapping
 from cacheruntime.runtime.ledger.extents import Extents
 from cacheruntime.runtime.ledger.handles import HandleChecks
 from cacheruntime.runtime.ledger.pages import Pages
-from cacheruntime.runtime.ledger.records import Batch, Extent, Page, Pool, Slot, State
+from cacheruntime.runtime.ledger.records import Batch, Copy, Extent, Page, Pool, Slot, State
 from cacheruntime.runtime.ledger.transaction import Transaction
 from cacheruntime.runtime.ledger.transfers import Transfers
 
@@ -87,6 +89,13 @@ class LedgerBase:
         def restoring_pages(self) -> set[int]: ...
         def unreserve(self, record: Batch) -> None: ...
         def await_restores(self, pages: set[int]) -> list[int]: ...
+        def has_copy(self, name: int, tier: Tier) -> bool: ...
+        def drop_or_keep_until_landed(self, name: int, tier: Tier) -> None: ...
+        def keep_dropping(self, names: tuple[int, ...], tier: Tier) -> None: ...
+        def set_copy_state(self, copies: dict[Tier, Copy], tier: Tier, state: CopyState) -> None: ...
+        def start_restore(self, extent: CacheExtentRef, todo: list[int]) -> TransferTicket: ...
+        def fail_transfer(self, transfer_id: int) -> None: ...
+        def count_toward_fault(self, kind: FaultKind) -> bool: ...
 
     def __init__(
         self,
@@ -151,19 +160,22 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
                 return slot_id, slot
         return None
 
-    def restart(self) -> None:
+    def restart(self, failed: Iterable[int] = (), abandoned: bool = False) -> None:
         """A new epoch: every slot's generation moves past its live handle, everything else is forgotten.
 
         Version tags and memory contents carry over (as memory does). Every transfer in
-        flight was drained by the device layer first: its copy landed, so it completes
-        here (its tags reach the destination's memory, as in the model), and is then
-        forgotten with its epoch, unreported.
+        flight was drained by the device layer first: its copy landed (or failed: those of
+        `failed`), so it completes here (its tags reach the destination's memory, as in the
+        model), and is then forgotten with its epoch, unreported. After RuntimeLost
+        (`abandoned`) nothing drained: the transfers in flight are forgotten as they are.
         """
-        self.complete_all()
+        if not abandoned:
+            self.complete_all(failed)
         st = self.state
         generations = [slot.generation + int(slot.live) for slot in st.slots]
         tags = {tier: pool.tags for tier, pool in st.pools.items()}
         self.state = self.fresh_state(st.epoch + 1, generations, tags, st.next_version)
+        self.state.faults = st.faults  # injections are the harness's, not the epoch's
         self.held = []
 
     def abstract_state(self, tags: dict[Tier, list[int]]) -> AbstractState:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cacheruntime.protocol import OutOfPages, Tier
-from cacheruntime.runtime.ledger.records import FILLING, VALID, Copy, Page, Slot, State, touch_key
+from cacheruntime.protocol import CopyState, OutOfPages, Tier
+from cacheruntime.runtime.ledger.records import DROPPING, FILLING, VALID, Copy, Page, Slot, State, touch_key
 
 if TYPE_CHECKING:
     from cacheruntime.runtime.ledger.ledger import LedgerBase
@@ -112,9 +112,38 @@ class Pages(_Base):
         self.txn.undo(lambda: slot.pages.extend(dropped))
         del slot.pages[keep:]
 
-    def filling(self, name: int, tier: Tier) -> bool:
-        """Whether page `name`'s `tier` copy is still being filled by a transfer."""
-        return self.state.pages[name].copies[tier].state is FILLING
+    def has_copy(self, name: int, tier: Tier) -> bool:
+        """Whether page `name` has a `tier` copy control may count on: valid or filling, not dropping."""
+        copy = self.state.pages[name].copies.get(tier)
+        return copy is not None and copy.state is not DROPPING
+
+    def drop_or_keep_until_landed(self, name: int, tier: Tier) -> None:
+        """Demote (tier L1) or Drop (L2) of one page: its `tier` copy goes now if the other tier's
+        copy is valid; while that one is still filling it is kept, DROPPING, until the transfer
+        lands (and is VALID again if it fails), so write-back never leaves a page unreadable (F1)."""
+        copies = self.state.pages[name].copies
+        copy = copies.get(tier)
+        if copy is None or copy.state is DROPPING:
+            return
+        if copies[Tier.L2 if tier is Tier.L1 else Tier.L1].state is FILLING:
+            self.set_copy_state(copies, tier, DROPPING)
+        else:
+            self.drop_copy(name, tier)
+
+    def keep_dropping(self, names: tuple[int, ...], tier: Tier) -> None:
+        """A restore (tier L1) or backup (L2) keeps the pages' DROPPING copies: VALID again, nothing moves."""
+        pages = self.state.pages
+        for name in names:
+            copies = pages[name].copies
+            copy = copies.get(tier)
+            if copy is not None and copy.state is DROPPING:
+                self.set_copy_state(copies, tier, VALID)
+
+    def set_copy_state(self, copies: dict[Tier, Copy], tier: Tier, state: CopyState) -> None:
+        """Replace one copy by the same physical page in `state`; journaled."""
+        old = copies[tier]
+        copies[tier] = new_copy(Copy, (old.phys, state))
+        self.txn.undo(lambda: copies.__setitem__(tier, old))
 
 
 def _add_holders(page: Page, count: int) -> None:

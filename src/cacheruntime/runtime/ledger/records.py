@@ -25,6 +25,7 @@ from cacheruntime.protocol import (
     BatchPlan,
     BatchState,
     CopyState,
+    FaultKind,
     PageRun,
     RequestRuntimeHandle,
     Tier,
@@ -64,8 +65,8 @@ class Copy(NamedTuple):
     state: CopyState
 
 
-#: The two copies a page can have (shared: a `Copy` is immutable).
-FILLING, VALID = CopyState.FILLING, CopyState.VALID
+#: The copy states a page's copy can be in (shared: a `Copy` is immutable).
+FILLING, VALID, DROPPING = CopyState.FILLING, CopyState.VALID, CopyState.DROPPING
 
 
 @dataclass(slots=True)
@@ -164,6 +165,9 @@ class State:
     next_transfer: int = 0
     next_version: int = 1
     calls: Counter[str] = field(default_factory=Counter)
+    lost: bool = False  # RuntimeLost: the machinery is gone; every call but info and restart raises RuntimeFault
+    faults: list[tuple[FaultKind, int]] = field(default_factory=list)  # pending injections: (kind, how many more to count)
+    doomed: set[int] = field(default_factory=set)  # transfers an injection picked: the device layer fails their copy
 
 
 def touch_key(tier: Tier, phys: int) -> int:

@@ -76,10 +76,13 @@ _Call = TypeVar("_Call", bound=Callable[..., Any])
 def operation(*, journal: bool = True) -> Callable[[_Call], _Call]:
     """Run a boundary call as a transaction; keep its changes only if it succeeds.
 
-    The call commits (`_commit`) once every precondition held and before it touches the
+    The call commits (`commit`) once every precondition held and before it touches the
     device (`execute_batch`: after its compute succeeded, see `LocalGPURuntime.execute_batch`);
     a call without device work is committed on return. `journal=False` is for the
     calls whose every check precedes their first change: a failure finds nothing to undo.
+
+    Around the call, the runtime's `check_machinery(name)` refuses it while the machinery
+    is gone, and `machinery_fault(error)` turns an error that says so into the typed one.
     """
 
     def wrap(method: _Call) -> _Call:
@@ -87,16 +90,20 @@ def operation(*, journal: bool = True) -> Callable[[_Call], _Call]:
 
         @functools.wraps(method)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            self.check_machinery(name)
             txn = self.ledger.txn
             txn.begin(name, journal)
             try:
                 result = method(self, *args, **kwargs)
-            except BaseException:
+            except BaseException as error:
                 if not txn.committed:
                     txn.rollback()
+                fault = self.machinery_fault(error)
+                if fault is not None:
+                    raise fault from error
                 raise
             if not txn.committed:
-                self._commit()
+                self.commit()
             return result
 
         return call  # type: ignore[return-value]

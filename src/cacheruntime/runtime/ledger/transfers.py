@@ -14,10 +14,10 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from cacheruntime.protocol import CacheExtentRef, NotBackedUp, Tier, TransferCompletion, TransferKind, TransferTicket
+from cacheruntime.protocol import CacheExtentRef, FaultKind, NotBackedUp, Tier, TransferCompletion, TransferFailure, TransferKind, TransferTicket
 from cacheruntime.runtime.ledger.choices import Reporting
 from cacheruntime.runtime.ledger.pages import new_copy
-from cacheruntime.runtime.ledger.records import FILLING, VALID, Copy, Pool, Transfer, touch_keys
+from cacheruntime.runtime.ledger.records import DROPPING, FILLING, VALID, Copy, Pool, Transfer, touch_keys
 
 if TYPE_CHECKING:
     from cacheruntime.runtime.ledger.ledger import LedgerBase
@@ -31,17 +31,41 @@ class Transfers(_Base):
     """Tier moves between a page's copies, in the ledger."""
 
     def restore_pages(self, extent: CacheExtentRef) -> list[int]:
-        """Pages of the extent a restore must move; NotBackedUp if one has no host copy."""
+        """Pages of the extent a restore must move; NotBackedUp if one has no host copy.
+
+        A page whose device copy is DROPPING is not moved: the restore keeps that copy.
+        """
         pages, l1, l2 = self.state.pages, Tier.L1, Tier.L2
         todo = []
         for page in self.state.extents[extent.generation].pages:
             copies = pages[page].copies
             if l1 in copies:
                 continue
-            if l2 not in copies:
+            host = copies.get(l2)
+            if host is None or host.state is DROPPING:
                 raise NotBackedUp(f"page {page} has neither a device nor a host copy")
             todo.append(page)
         return todo
+
+    def start_restore(self, extent: CacheExtentRef, todo: list[int]) -> TransferTicket:
+        """Keep the extent's DROPPING device copies; start the restore of `todo`, its pages with no device copy."""
+        self.keep_dropping(self.state.extents[extent.generation].pages, Tier.L1)
+        return self.start_transfer(TransferKind.RESTORE, extent.generation, todo)
+
+    def inject_fault(self, kind: FaultKind, nth: int) -> None:
+        """Count `nth` transfers of `kind` that move a page (or computes) from now; that one fails (FAULT_INJECTION)."""
+        self.state.faults.append((kind, nth))
+
+    def count_toward_fault(self, kind: FaultKind) -> bool:
+        """One more transfer (or compute) of `kind`: whether a pending injection picks it (reaches 0); journaled."""
+        st = self.state
+        before = st.faults
+        if not any(fault_kind is kind for fault_kind, _ in before):
+            return False
+        counted = [(fault_kind, n - 1 if fault_kind is kind else n) for fault_kind, n in before]
+        st.faults = [fault for fault in counted if fault[1] > 0]
+        self.txn.undo(lambda: setattr(st, "faults", before))
+        return len(st.faults) < len(counted)
 
     def start_transfer(self, kind: TransferKind, generation: int, pages: list[int]) -> TransferTicket:
         """Name the transfer, give each page a filling destination copy; the device work starts at commit."""
@@ -68,6 +92,9 @@ class Transfers(_Base):
         txn.undo(lambda: st.transfers.pop(transfer_id))
         if pages:
             txn.started.append(transfer_id)
+            if st.faults and self.count_toward_fault(FaultKind(kind.value)):
+                st.doomed.add(transfer_id)  # the device layer makes its copy fail
+                txn.undo(lambda: st.doomed.discard(transfer_id))
         else:
             self.complete_transfer(transfer_id)
         return ticket
@@ -92,11 +119,40 @@ class Transfers(_Base):
                 if journal is not None:
                     made_valid.append((page.copies, target))
                 page.copies[dst_tier] = new_copy(Copy, (dst, VALID))
+                source = page.copies.get(src_tier)
+                if source is not None and source.state is DROPPING:
+                    self.drop_copy(name, src_tier)  # write-back: the copy it waited for has landed
         for tier in (Tier.L1, Tier.L2):
             pool = st.pools[tier]
             if pool.deferred:
                 self._run_deferred(pool, transfer_id)
         st.unreported.append(TransferCompletion(record.ticket))
+        txn.undo(st.unreported.pop)
+
+    def fail_transfer(self, transfer_id: int) -> None:
+        """The transfer's copy failed: its destination copies go, its DROPPING sources are VALID
+        again, the deferred frees it blocked run, a failed completion is queued (F1, §5.3)."""
+        st, txn = self.state, self.txn
+        record = st.transfers.pop(transfer_id)
+        txn.undo(lambda: st.transfers.__setitem__(transfer_id, record))
+        if transfer_id in st.doomed:
+            st.doomed.discard(transfer_id)
+            txn.undo(lambda: st.doomed.add(transfer_id))
+        src_tier, dst_tier = record.tiers
+        all_pages = st.pages
+        for name, _, dst in record.pages:
+            page = all_pages.get(name)
+            target = page.copies.get(dst_tier) if page else None
+            if target is not None and page is not None and target.phys == dst:
+                self.drop_copy(name, dst_tier)
+                source = page.copies.get(src_tier)
+                if source is not None and source.state is DROPPING:
+                    self.set_copy_state(page.copies, src_tier, VALID)
+        for tier in (Tier.L1, Tier.L2):
+            pool = st.pools[tier]
+            if pool.deferred:
+                self._run_deferred(pool, transfer_id)
+        st.unreported.append(TransferCompletion(record.ticket, TransferFailure.COPY))
         txn.undo(st.unreported.pop)
 
     def _run_deferred(self, pool: Pool, transfer_id: int) -> None:
@@ -113,9 +169,12 @@ class Transfers(_Base):
                 pool.free.append(phys)
                 undo(functools.partial(_unfree_deferred, pool, phys, waiting))
 
-    def complete_in_order(self, done: Iterable[int]) -> None:
-        """Complete the transfers of `done` still in flight, each only after those it waits for."""
+    def complete_in_order(self, done: Iterable[int], failed: Iterable[int] = ()) -> None:
+        """Complete the transfers of `done` still in flight, each only after those it waits for;
+        those of `failed` (their copy raised) fail instead."""
         transfers = self.state.transfers
+        for t in sorted(set(failed) & transfers.keys()):
+            self.fail_transfer(t)
         done = set(done)
         progress = True
         while progress:
@@ -125,9 +184,11 @@ class Transfers(_Base):
                     self.complete_transfer(t)
                     progress = True
 
-    def complete_all(self) -> None:
-        """Complete every transfer in flight, dependencies first."""
+    def complete_all(self, failed: Iterable[int] = ()) -> None:
+        """Complete every transfer in flight, dependencies first; those of `failed` fail instead."""
         transfers = self.state.transfers
+        for t in sorted(set(failed) & transfers.keys()):
+            self.fail_transfer(t)
         while transfers:
             self.complete_transfer(next(t for t in sorted(transfers) if not transfers[t].waits_for & transfers.keys()))
 

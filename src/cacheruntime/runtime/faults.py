@@ -1,0 +1,92 @@
+"""The runtime's side of failure: faults injected on purpose, and machinery found gone.
+
+FAULT_INJECTION lets a test make the Nth backup or restore that moves a page, the Nth
+compute, or the stream worker of the Nth launch fail, at a chosen site (spec/faults.md);
+the failure then travels the same path a real one does: a copy that raises on its
+stream, a runner that raises, a worker that stops. A dead stream worker is found
+directly, by the liveness flag every stream keeps and every call checks, never by a
+timeout; from then on every call but `info` and `restart` raises `RuntimeFault`
+(spec/protocol.md §4.15), and `restart` replaces the streams.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NoReturn
+
+from cacheruntime.protocol import ComputeFailed, FaultKind, InvalidArgument, PreparedBatchHandle, RuntimeFault, TransferKind
+from cacheruntime.runtime.device.deadstreams import StreamDead
+from cacheruntime.runtime.device.layer import COMPUTE_FAULT_SITES, COPY_FAULT_SITES
+from cacheruntime.runtime.ledger.arguments import int_argument
+
+if TYPE_CHECKING:
+    from cacheruntime.runtime.device.layer import DeviceLayer
+    from cacheruntime.runtime.ledger import Ledger
+
+
+class FaultHandling:
+    """What `LocalGPURuntime` does about faults; it keeps `ledger`, `device_layer` and `lost_cause`."""
+
+    ledger: Ledger
+    device_layer: DeviceLayer
+    lost_cause: str
+
+    if TYPE_CHECKING:
+
+        def commit(self) -> None: ...
+
+    def inject_fault(self, kind: FaultKind, nth: int, *, site: str | None = None) -> None:
+        """Test-only: make the `nth` transfer of `kind` that moves a page, the `nth` compute, or
+        (LOST) the stream worker of the `nth` launch from now fail (FAULT_INJECTION).
+
+        `site` picks where it strikes (spec/faults.md): a copy fault at `"issue"` or on its
+        `"stream"` (default), a compute fault `"before_writes"` (default) or `"after_writes"`.
+        """
+        if not isinstance(kind, FaultKind):
+            raise InvalidArgument(f"inject_fault takes a FaultKind, not {kind!r}")
+        int_argument("nth", nth)
+        if nth < 1:
+            raise InvalidArgument(f"nth counts from 1, got {nth}")
+        sites = COMPUTE_FAULT_SITES if kind is FaultKind.COMPUTE else COPY_FAULT_SITES
+        if site is not None and (kind is FaultKind.LOST or site not in sites):
+            raise InvalidArgument(
+                f"a {kind.value} fault strikes at one of {', '.join(sites) if kind is not FaultKind.LOST else 'no chosen site'}, not {site!r}"
+            )
+        layer = self.device_layer
+        if kind is FaultKind.LOST:
+            layer.launches_until_lost = nth
+        elif kind is FaultKind.COMPUTE:
+            layer.compute_fault_site = site or "before_writes"
+            self.ledger.inject_fault(kind, nth)
+        else:
+            layer.copy_fault_site[TransferKind(kind.value)] = site or "stream"
+            self.ledger.inject_fault(kind, nth)
+
+    def fail_batch(self, batch: PreparedBatchHandle, cause: str, lost_reads: set[int], injected: bool, error: BaseException | None = None) -> NoReturn:
+        """The batch's compute cannot run or failed: undo the call, fail the restores it read that
+        failed, fail the batch and its dependents, commit that, raise ComputeFailed (§4.5, F2)."""
+        ledger = self.ledger
+        ledger.txn.rollback()
+        for transfer_id in sorted(lost_reads):
+            ledger.fail_transfer(transfer_id)
+        failed = ledger.fail_batches(batch.batch_id)
+        if injected:
+            ledger.count_toward_fault(FaultKind.COMPUTE)  # the rollback undid the count: the fault is spent
+        self.commit()
+        raise ComputeFailed(f"batch {batch.batch_id} failed: {cause}; batches {list(failed)} failed", failed, cause) from error
+
+    def check_machinery(self, operation: str) -> None:
+        """RuntimeFault at once while the machinery is gone (a stream worker died); `info` and `restart` still run."""
+        state = self.ledger.state
+        if not state.lost and self.device_layer.alive():
+            return
+        if not state.lost:
+            state.lost, self.lost_cause = True, "a stream worker died"
+        if operation not in ("info", "restart"):
+            raise RuntimeFault(f"{operation}: the runtime's machinery is gone ({self.lost_cause})")
+
+    def machinery_fault(self, error: BaseException) -> RuntimeFault | None:
+        """The typed error for an error that says the machinery is gone (a dead stream); None for any other."""
+        if not isinstance(error, StreamDead):
+            return None
+        self.ledger.state.lost, self.lost_cause = True, str(error)
+        return RuntimeFault(f"the runtime's machinery is gone: {error}")

@@ -65,8 +65,10 @@ from cacheruntime.protocol import (
     CacheRuntimeError,
     Capability,
     Close,
+    ComputeFailed,
     Demote,
     Drop,
+    FaultKind,
     ForeignRuntime,
     OutOfPages,
     PageRun,
@@ -75,6 +77,7 @@ from cacheruntime.protocol import (
     Release,
     RequestRuntimeHandle,
     Restore,
+    RuntimeFault,
     RuntimeInfo,
     StaleHandle,
     Tier,
@@ -167,6 +170,15 @@ CHECKS: dict[str, Check] = {
             "O1-O3 with slow transfers (delay knob): compute and reuse wait for transfers",
             MISUSE_RULES | PRESSURE_RULES,
         ),
+        Check(
+            "faults",
+            frozenset({Capability.L2, Capability.FAULT_INJECTION, Capability.RESTART}),
+            True,
+            True,
+            0.0,
+            "injected copy, compute and worker faults: failed completions, failed batches, RuntimeFault until restart",
+            MISUSE_RULES | PRESSURE_RULES,
+        ),
     )
 }
 
@@ -221,6 +233,9 @@ class RuntimeConformance(RuleBasedStateMachine):
         super().__init__()
         self.runtime = None
         self.model = None
+        #: A LOST fault was injected and the runtime has not yet said RuntimeFault: when it
+        #: does, the model loses its machinery too (RuntimeLost is the environment's step).
+        self.lost_armed = False
 
     # -- harness ----------------------------------------------------------------------
 
@@ -351,6 +366,51 @@ class RuntimeConformance(RuleBasedStateMachine):
         if handle is not None:
             self._call("execute_batch", handle)
 
+    def _inject(self, kind: FaultKind) -> None:
+        """The next transfer of `kind` (moving a page), compute or launch fails, on both sides (LOST: the runtime's)."""
+        if kind is FaultKind.LOST:
+            if not (self.lost_armed or self.model.state.lost):
+                self.runtime.inject_fault(kind, 1)
+                self.lost_armed = True
+            return
+        self.runtime.inject_fault(kind, 1)
+        self.model.inject_fault(kind, 1)
+
+    def _fault_where_it_matters(self, site: str, i: int) -> None:
+        """A fault where a runtime can lose data or serve wrong bytes: the backup of an extent demoted
+        while it runs (write-back must keep the device copy), the restore a batch's compute reads
+        (KV_READY on a failed copy), a batch's compute, or the worker of the next copy (RuntimeFault
+        on every call, then a restart recovers)."""
+        if not self.model.state.extents:
+            self._publish_fresh(i)
+        if not self.model.state.extents:
+            return
+        extent, pages = self._live_extent(i)
+        for slot_id, slot in enumerate(self.model.state.slots):  # the rows reading it finish, as before an eviction
+            if slot.live and set(pages) & set(slot.pages):
+                self._call("close_request", RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot_id, slot.generation))
+        if site == "backup_under_demote":
+            self._inject(FaultKind.BACKUP)
+            self._call("submit", (Backup(extent), Demote(extent)))
+            self._completions("wait_completions")
+            return
+        if site == "lost_worker":
+            self._inject(FaultKind.LOST)
+            self._call("submit", (Backup(extent),))
+            self._completions("wait_completions")
+            if self.model.state.lost:
+                self._call("restart")
+            return
+        self._call("submit", (Backup(extent),))
+        self._completions("wait_completions")
+        self._call("submit", (Demote(extent),))
+        self._inject(FaultKind.RESTORE if site == "restore_at_kv_ready" else FaultKind.COMPUTE)
+        request = self._free_slot(i)
+        plan = BatchPlan((BatchItem(request, (1,), (extent,)),), (Restore(extent),)) if request is not None else None
+        handle = None if plan is None else self._call("prepare_batch", plan)
+        if handle is not None:
+            self._call("execute_batch", handle)
+
     def _model_ref(self, generation: int) -> CacheExtentRef:
         """The model's ref of its live extent `generation`."""
         record = self.model.state.extents[generation]
@@ -416,6 +476,12 @@ class RuntimeConformance(RuleBasedStateMachine):
             return None  # a known violation of this call: not sent to the runtime
         try:
             actual, error = _outcome(lambda: getattr(self.runtime, operation)(*args))
+            if isinstance(error, RuntimeFault) and not isinstance(model_error, RuntimeFault) and self.lost_armed:
+                self.model.state = model_before  # the call never ran: the machinery was gone (RuntimeLost first)
+                self.model.lose()
+                self.lost_armed = False
+                expected, model_error = _outcome(lambda: getattr(self.model, operation)(*model_args))
+                model_outcome = "the model raises RuntimeFault"
         except Exception as crash:  # a crash where the model refuses is evidence against what it refuses for
             ids = ids_for_error_mismatch(operation, model_error) if model_error is not None else (f"contract:{operation}",)
             self._fail(
@@ -444,7 +510,9 @@ class RuntimeConformance(RuleBasedStateMachine):
                     operation,
                     f"raises {type(error).__name__} where {model_outcome}",
                 )
-            self._judge_failed(operation, before)
+            if isinstance(error, ComputeFailed) and isinstance(model_error, ComputeFailed):
+                self._match_failed_batches(operation, error, model_error)
+            self._judge_failed(operation, before, error)
             return None
         mine, theirs = actual, expected
         if not self._claims(Capability.TAGGED_COMPUTE):
@@ -469,10 +537,23 @@ class RuntimeConformance(RuleBasedStateMachine):
         delayed = bool(self.check.delay) and self._claims(Capability.DELAY_KNOB)
         coverage.observe(self.check.name, self.situations, coverage.situations(operation, model_args, before, error, self.model.state, delayed))
 
-    def _judge_failed(self, operation: str, before: AbstractState | None) -> None:
-        """A call that raised must change nothing (H1): probe() as before, unless a transfer completed meanwhile."""
+    def _judge_failed(self, operation: str, before: AbstractState | None, error: CacheRuntimeError | None = None) -> None:
+        """A call that raised must change nothing (H1): probe() as before, unless a transfer completed meanwhile.
+
+        The one error that comes with a change, `ComputeFailed`, must leave nothing of the
+        batch visible instead (F2); what it did change is then held to the model.
+        """
         after = self._probe()
         if after is None or before is None:
+            return
+        if isinstance(error, ComputeFailed):
+            shown = invariants.F2_failed_batch_invisible(before, after)
+            if shown:
+                self._fail(
+                    ("F2",), f"{operation} raised ComputeFailed but left the batch visible: " + "; ".join(shown), operation, "shows a failed batch", diff=""
+                )
+            self._sync()
+            self._match_model(operation, after)
             return
         changed = invariants.H1_failed_call_changes_nothing(projection.observable(before), projection.observable(after))
         if after.transfers == before.transfers and changed:
@@ -480,12 +561,32 @@ class RuntimeConformance(RuleBasedStateMachine):
         self._sync()
         self._match_model(operation, self.runtime.probe())
 
+    def _match_failed_batches(self, operation: str, error: ComputeFailed, model_error: ComputeFailed) -> None:
+        """ComputeFailed names the same failed batches as the model's, up to renaming."""
+        epoch = self.model.state.epoch
+        named = tuple(self.renaming.to_model(Kind.BATCH, epoch, b) for b in error.batches)
+        if named != tuple(model_error.batches):
+            message = f"{operation} raised ComputeFailed for batches {list(error.batches)}; the model failed {list(model_error.batches)}"
+            self._fail_in_step(("F2",), message, operation, "fails other batches")
+
     def _completions(self, operation: str) -> tuple:
         """poll/wait: feed what the runtime reports into the model, then compare the reports."""
         self._sync()
         before = self._probe()
         try:
             reported = getattr(self.runtime, operation)()
+        except RuntimeFault as fault:
+            if not (self.lost_armed or self.model.state.lost):
+                self._fail((f"contract:{operation}",), f"{operation} raised RuntimeFault: {fault}; no fault was injected", operation, "loses its machinery")
+            if self.lost_armed and not self.model.state.lost:
+                self.model.lose()
+                self.lost_armed = False
+            _, model_error = _outcome(lambda: getattr(self.model, operation)())
+            if not isinstance(model_error, RuntimeFault):
+                self._fail(
+                    (f"contract:{operation}",), f"{operation} raised RuntimeFault; the model returned", operation, "raises RuntimeFault where the model returns"
+                )
+            return ()
         except Exception as crash:
             self._fail((f"contract:{operation}",), f"{operation} raised {type(crash).__name__}: {crash}", operation, f"crashes with {type(crash).__name__}")
         bad = invariants.B2_plain_values(reported, f"{operation}()")
@@ -1141,6 +1242,29 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._restore_behind_another_backup(i)
 
             Machine.restore_behind_another_backup = restore_behind_another_backup
+
+        if the_check.name == "faults":
+
+            @rule(kind=st.sampled_from([FaultKind.BACKUP, FaultKind.RESTORE, FaultKind.COMPUTE, FaultKind.LOST]), nth=st.integers(1, 3))
+            def inject_fault(self, kind, nth):
+                """A fault on the Nth backup, restore, compute or launch from now (FAULT_INJECTION): the model
+                fails the same transfer or compute; a lost worker is the environment's step when the runtime says so."""
+                if kind is FaultKind.LOST:
+                    if not (self.lost_armed or self.model.state.lost):  # one worker death at a time
+                        self.runtime.inject_fault(kind, nth)
+                        self.lost_armed = True
+                    return
+                self.runtime.inject_fault(kind, nth)
+                self.model.inject_fault(kind, nth)
+
+            Machine.inject_fault = inject_fault
+
+            @rule(site=st.sampled_from(["backup_under_demote", "restore_at_kv_ready", "compute", "lost_worker"]), i=st.integers(0, 7))
+            def fault_where_it_matters(self, site, i):
+                """A fault at the moment it can lose the most (`_fault_where_it_matters`)."""
+                self._fault_where_it_matters(site, i)
+
+            Machine.fault_where_it_matters = fault_where_it_matters
 
         @when(lambda self: self.model.state.extents)
         @rule(demote=st.booleans())

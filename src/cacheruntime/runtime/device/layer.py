@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -97,16 +97,22 @@ class DeviceLayer:
         if streams == "simulated" and self.device.type != "cpu":
             raise ValueError(f"simulated streams run on the CPU only, not on {device!r}: use streams='threads' there")
         self.runner: Runner = make_runner(runner, config, max_request_tokens, self.device, seed) if isinstance(runner, str) else runner
-        self.memory = memory_class(
-            device=self.device,
-            l1_pages=l1_pages,
-            l2_pages=l2_pages,
-            page_size=page_size,
-            layers=config.layers,
-            heads=config.heads,
-            head_dim=config.head_dim,
-            dtype=config.torch_dtype,
-        )
+        try:
+            self.memory = memory_class(
+                device=self.device,
+                l1_pages=l1_pages,
+                l2_pages=l2_pages,
+                page_size=page_size,
+                layers=config.layers,
+                heads=config.heads,
+                head_dim=config.head_dim,
+                dtype=config.torch_dtype,
+            )
+        except (RuntimeError, MemoryError) as error:  # the host pool is pinned: the OS may refuse it
+            raise ValueError(
+                f"the KV pools could not be allocated (l1_pages={l1_pages} on {device}, l2_pages={l2_pages} pinned on the host): {error}; "
+                "lower l1_pages or l2_pages"
+            ) from error
         self.req_to_token = ReqToToken(max_requests, max_request_tokens, page_size, self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # weights and pools were filled on the default stream
@@ -297,7 +303,7 @@ class DeviceLayer:
         self.ordering.wait_kv_ready(self.compute, [launched.event for launched in kv_ready.values()])
         runner, memory, table = self.runner, self.memory, self.req_to_token.table
         reads = {t: launched.result for t, launched in kv_ready.items()}
-        result = self.compute.submit(functools.partial(_forward, runner, memory, table, items, reads, fault))
+        result = self.compute.submit(functools.partial(_forward, runner, memory, table, items, functools.partial(self.ordering.failed_reads, reads), fault))
         issue, queued = self.d2h_issue, self.throttle is not None and bool(self.throttle.queue)
         if issue == "under_compute" and queued:
             # Every queued piece belongs to a backup started before this batch, so the compute
@@ -357,15 +363,12 @@ class ReadsFailed(RuntimeError):
         super().__init__(f"restores {transfer_ids} that compute reads failed")
 
 
-def _forward(runner: Runner, memory: KVMemory, table: torch.Tensor, items: ComputeBatch, reads: dict[int, Any], fault: str | None) -> Any:
-    """Compute on its stream: first the outcome of the restores it waited for (KV_READY), then the
-    runner; an injected compute fault raises before the runner writes KV, or after (its writes then
-    lie only where no executed batch wrote: the failed batch's own positions, spec §4.5).
-
-    The restores' outcomes are read without blocking: a copy not run yet (only a runtime that
-    skipped the wait, a mutant, can meet one) is not a failed one.
-    """
-    failed = [t for t, result in reads.items() if _failed_already(result)]
+def _forward(runner: Runner, memory: KVMemory, table: torch.Tensor, items: ComputeBatch, failed_reads: Callable[[], list[int]], fault: str | None) -> Any:
+    """Compute on its stream: first the outcome of the restores it waited for (KV_READY,
+    `Ordering.failed_reads`), then the runner; an injected compute fault raises before the
+    runner writes KV, or after (its writes then lie only where no executed batch wrote: the
+    failed batch's own positions, spec §4.5)."""
+    failed = failed_reads()
     if failed:
         raise ReadsFailed(failed)
     if fault == "before_writes":
@@ -374,11 +377,6 @@ def _forward(runner: Runner, memory: KVMemory, table: torch.Tensor, items: Compu
     if fault == "after_writes":
         raise InjectedFault("injected: the runner raised after writing KV")
     return output
-
-
-def _failed_already(result: Any) -> bool:
-    """Whether a copy's result is in and is an error (never blocks)."""
-    return isinstance(result, Failed) or getattr(result, "_error", None) is not None  # an error is kept once the copy ran
 
 
 def _close_streams(streams: tuple[Stream, ...]) -> None:

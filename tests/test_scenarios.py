@@ -84,21 +84,31 @@ def test_scenario_01_prefix_hit_on_l2_while_backup_in_flight():
     device = phys(m, Tier.L1, names)
     (backup,) = m.submit((Backup(x),))
     m.submit((Demote(x),))  # allowed once a backup is started
-    assert [page(m, n).l1 for n in names] == [CopyState.ABSENT] * 2
+    assert [page(m, n).l1 for n in names] == [CopyState.DROPPING] * 2  # write-back: kept until the D2H lands
     assert [page(m, n).l2 for n in names] == [CopyState.FILLING] * 2
-    assert set(device) <= set(pool(m, Tier.L1).deferred) and not set(device) & set(pool(m, Tier.L1).free)  # O3
+    assert not set(device) & set(pool(m, Tier.L1).free) and not set(device) & set(pool(m, Tier.L1).deferred)  # held, not freed (O3)
     b = m.open_request()
-    batch = run(m, b, 1, attach=[x], intents=[Restore(x)])  # the new request matches X
-    restore = next(t for t in m.probe().transfers if t.kind is TransferKind.RESTORE)
-    assert m.completable() == (backup.transfer_id,)  # the restore is ordered after the D2H
-    with pytest.raises(ValueError):
-        m.complete_transfer(restore.transfer_id)
-    m.complete_transfer(backup.transfer_id)
-    assert set(device) <= set(pool(m, Tier.L1).free)  # freed when the D2H completed
-    m.check_invariants()
-    done = m.execute_batch(batch)  # compute waits for the restore (O1)
-    assert done.items[0].next_token == tag_digest(tuple(range(1, 2 * PS + 1)) + (2 * PS + 1,))
+    batch = run(m, b, 1, attach=[x], intents=[Restore(x)])  # the new request matches X: the restore keeps the device copies
+    assert [t.kind for t in m.probe().transfers] == [TransferKind.BACKUP]  # nothing to move, nothing reads the filling host copy
     assert [page(m, n).l1 for n in names] == [CopyState.VALID] * 2
+    m.complete_transfer(backup.transfer_id)
+    assert phys(m, Tier.L1, names) == device  # the same device pages, never freed
+    m.check_invariants()
+    done = m.execute_batch(batch)
+    assert done.items[0].next_token == tag_digest(tuple(range(1, 2 * PS + 1)) + (2 * PS + 1,))
+    assert [(page(m, n).l1, page(m, n).l2) for n in names] == [(CopyState.VALID, CopyState.VALID)] * 2
+    m.check_invariants()
+
+
+def test_scenario_01_without_a_hit_the_landed_backup_frees_the_device_pages():
+    m = ReferenceModel(page_size=PS)
+    x = finished_extent(m, 2)
+    names = expand(x.page_runs)
+    device = phys(m, Tier.L1, names)
+    (backup,) = m.submit((Backup(x), Demote(x)))
+    m.complete_transfer(backup.transfer_id)
+    assert [(page(m, n).l1, page(m, n).l2) for n in names] == [(CopyState.ABSENT, CopyState.VALID)] * 2
+    assert set(device) <= set(pool(m, Tier.L1).free)
     m.check_invariants()
 
 

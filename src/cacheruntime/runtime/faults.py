@@ -80,7 +80,8 @@ class FaultHandling:
         if not state.lost and self.device_layer.alive():
             return
         if not state.lost:
-            state.lost, self.lost_cause = True, "a stream worker died"
+            self.ledger.lose()
+            self.lost_cause = "a stream worker died"
         if operation not in ("info", "restart"):
             raise RuntimeFault(f"{operation}: the runtime's machinery is gone ({self.lost_cause})")
 
@@ -88,5 +89,6 @@ class FaultHandling:
         """The typed error for an error that says the machinery is gone (a dead stream); None for any other."""
         if not isinstance(error, StreamDead):
             return None
-        self.ledger.state.lost, self.lost_cause = True, str(error)
+        self.ledger.lose()
+        self.lost_cause = str(error)
         return RuntimeFault(f"the runtime's machinery is gone: {error}")

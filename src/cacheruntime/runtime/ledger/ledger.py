@@ -160,6 +160,10 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
                 return slot_id, slot
         return None
 
+    def lose(self) -> None:
+        """RuntimeLost: the machinery is gone; every call but info and restart raises RuntimeFault until restart."""
+        self.state.lost = True
+
     def restart(self, failed: Iterable[int] = (), abandoned: bool = False) -> None:
         """A new epoch: every slot's generation moves past its live handle, everything else is forgotten.
 

@@ -45,6 +45,8 @@ BAD_OPTIONS = [
     (("check", "--runtime", "nocolon"), "argument --runtime: 'nocolon' is not MODULE:FACTORY"),
     (("check", "--junitxml", "{directory}"), "argument --junitxml: '{directory}' is a directory"),
     (("trace", "--nosuch"), "unrecognized arguments: --nosuch"),
+    (("bench", "--bogus"), "unrecognized arguments: --bogus"),
+    (("bench", "--model-steps", "many"), "argument --model-steps: invalid"),
     (("serve",), "argument command: invalid choice: 'serve'"),
 ]
 

@@ -40,6 +40,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     sys.path.insert(0, str(repo))
     benchmarks = importlib.import_module("benchmarks")
-    parser = argparse.ArgumentParser(prog="cacheruntime bench", description=benchmarks.__doc__.splitlines()[0])
+    from cacheruntime.cli import OneLineErrors  # the benchmark's own options fail in one line too
+
+    parser = OneLineErrors(prog="cacheruntime bench", description=benchmarks.__doc__.splitlines()[0])
     benchmarks.add_arguments(parser)
     return int(benchmarks.main(parser.parse_args(args.forward)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 from runtimekit import PS, item, plan, twin_model
 
 from cacheruntime.invariants import F2_failed_batch_invisible, check_state
@@ -30,10 +31,16 @@ from cacheruntime.protocol import (
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
 from cacheruntime.runtime.local import LocalGPURuntime
 
-STREAMS = ["threads", "simulated"]
+#: The backends of spec/faults.md: CPU worker threads, CPU simulated streams, CUDA streams
+#: (skipped without CUDA; the GPU script runs them).
+STREAMS = ["threads", "simulated", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def runtime(streams: str) -> LocalGPURuntime:
+    if streams == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA")
+        return LocalGPURuntime(**CONFORMANCE_OPTIONS, device="cuda")
     return LocalGPURuntime(**CONFORMANCE_OPTIONS, streams=streams)
 
 

@@ -25,12 +25,13 @@ from cacheruntime.protocol import Capability
 
 #: Checks applied inside every machine run when the capability is claimed, and skipped (reported) otherwise.
 CROSS_CUTTING = {
-    Capability.INTROSPECTION: "invariants (R1-R4, O1-O4, H1-H3, D1, B1) on probe() after every step",
+    Capability.INTROSPECTION: "invariants (R1-R4, O1-O4, H1-H3, D1, F1, F2, B1) on probe() after every step",
     Capability.TAGGED_COMPUTE: "next_token and copy tags equal the model's (D1)",
     Capability.L2: "tier moves: backup, restore, demote, drop",
     Capability.RESTART: "restart",
     Capability.DELAY_KNOB: "ordering under slow transfers (O1-O3)",
     Capability.SCHEDULE_SEED: "interleavings drawn per case (set_schedule_seed), the same on every machine",
+    Capability.FAULT_INJECTION: "faults injected (inject_fault): failed copies, failed compute, a dead worker (the faults check)",
 }
 
 

@@ -29,7 +29,7 @@ from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.reqtotoken import ReqToToken
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runner, make_runner
 from cacheruntime.runtime.device.simulated import Schedule
-from cacheruntime.runtime.device.streams import Event, Result, Stream, make_stream
+from cacheruntime.runtime.device.streams import Event, Failed, Result, Stream, make_stream
 from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS, D2HThrottle, Piece, Results
 from cacheruntime.runtime.ledger.records import Transfer
 
@@ -47,16 +47,6 @@ COMPUTE_FAULT_SITES = ("before_writes", "after_writes")
 
 class InjectedFault(RuntimeError):
     """The error an injected fault raises where a real copy or runner error would (FAULT_INJECTION)."""
-
-
-class Failed:
-    """The result of a copy that failed at issue: it never reached its stream."""
-
-    def __init__(self, error: BaseException):
-        self._error = error
-
-    def result(self) -> Any:
-        raise self._error
 
 
 @attrs.frozen

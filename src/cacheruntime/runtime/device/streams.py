@@ -186,6 +186,17 @@ class Ready:
         return self._value
 
 
+class Failed:
+    """The result of work that raised when it was issued (a CUDA launch, or a copy failed at
+    issue): kept for whoever reads the result, as a CPU stream keeps its job's error."""
+
+    def __init__(self, error: BaseException):
+        self._error = error
+
+    def result(self) -> Any:
+        raise self._error
+
+
 class on_stream:
     """`with on_stream(s):` makes the CUDA stream `s` current for the block, as `torch.cuda.stream(s)`.
 
@@ -246,16 +257,19 @@ class CudaStream:
         self.alive = True  # False once a launch raised StreamWorkerDied (an injected LOST fault)
         self._stream = torch.cuda.Stream(device, priority=priority)
 
-    def submit(self, fn: Callable[[], Any]) -> Ready:
-        """Run `fn` with this stream current, so every kernel it launches is queued here."""
+    def submit(self, fn: Callable[[], Any]) -> Ready | Failed:
+        """Run `fn` with this stream current, so every kernel it launches is queued here; an error
+        it raises at launch is kept in the result, as on a CPU stream."""
         if not self.alive:
-            raise StreamDead(f"the {self.name} stream is dead")
+            return Failed(StreamDead(f"the {self.name} stream is dead"))
         with on_stream(self._stream):
             try:
                 return Ready(fn())
             except StreamWorkerDied:
-                self.alive = False
-                raise StreamDead(f"the {self.name} stream died launching this") from None
+                self.alive = False  # the next call finds it (the runtime checks every stream's liveness)
+                return Failed(StreamDead(f"the {self.name} stream died launching this"))
+            except Exception as error:
+                return Failed(error)
 
     def record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()

@@ -74,6 +74,16 @@ class FaultHandling:
         self.commit()
         raise ComputeFailed(f"batch {batch.batch_id} failed: {cause}; batches {list(failed)} failed", failed, cause) from error
 
+    def compute_fault_due(self) -> bool:
+        """Whether an injected COMPUTE fault picks this execute_batch (it reached compute). The count
+        is journaled, so that a batch that fails for another reason (a failed read) leaves it."""
+        ledger = self.ledger
+        if not ledger.state.faults:
+            return False
+        if ledger.txn.journal is None:
+            ledger.txn.start_journal()
+        return ledger.count_toward_fault(FaultKind.COMPUTE)
+
     def check_machinery(self, operation: str) -> None:
         """RuntimeFault at once while the machinery is gone (a stream worker died); `info` and `restart` still run."""
         state = self.ledger.state

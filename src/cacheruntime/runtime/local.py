@@ -26,7 +26,6 @@ from cacheruntime.protocol import (
     BatchPlan,
     CacheExtentRef,
     Capability,
-    FaultKind,
     OutOfSlots,
     PreparedBatchHandle,
     Publish,
@@ -224,11 +223,7 @@ class LocalGPURuntime(FaultHandling):
         executed = ledger.execute(batch)
         launched = layer.launched
         kv_ready = {t: launched[t] for t in executed.kv_ready if t in launched}
-        injected = False
-        if ledger.state.faults:  # counted in the journal, so that a batch that fails otherwise leaves the count
-            if ledger.txn.journal is None:
-                ledger.txn.start_journal()
-            injected = ledger.count_toward_fault(FaultKind.COMPUTE)
+        injected = self.compute_fault_due()
         record, rows = executed.record, executed.rows
         items = ComputeBatch(record.slots, record.starts, record.ends, executed.first_tags, record.plan.items, rows)
         try:

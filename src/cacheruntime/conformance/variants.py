@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import attrs
 
 from cacheruntime.conformance.target import Target
-from cacheruntime.protocol import CacheExtentRef, Capability, PreparedBatchHandle, RequestRuntimeHandle
+from cacheruntime.protocol import CacheExtentRef, Capability, PreparedBatchHandle, RequestRuntimeHandle, RuntimeInfo
 from cacheruntime.runtime.device.streams import Event, Stream, make_stream
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, suite_streams
 from cacheruntime.runtime.ledger import Numbering
@@ -78,6 +78,11 @@ class Lanes:
         for stream in self.streams:
             stream.synchronize()
 
+    @property
+    def alive(self) -> bool:
+        """Every lane's worker still runs (a dead lane is a dead stream: RuntimeFault)."""
+        return all(stream.alive for stream in self.streams)
+
     def close(self) -> None:
         for stream in self.streams:
             stream.close()
@@ -98,14 +103,27 @@ class _Variant(LocalGPURuntime):
 
     def __init__(self, device: str = "cpu", **options: Any):
         super().__init__(device=device, **{**CONFORMANCE_OPTIONS, **suite_streams(device), **self.options, **options})
+        self._stop_lanes = weakref.finalize(self, _close, [])
+        self._add_lanes()
+
+    def _add_lanes(self) -> None:
+        """Make the transfer streams lanes; the device layer stops the streams it made, the extra lanes stop with the runtime."""
         layer, extra = self.device_layer, []
         for name, count in (("h2d", self.h2d_lanes), ("d2h", self.d2h_lanes)):
             if count > 1:
                 lanes = [getattr(layer, name)] + [make_stream(f"{name}-{i}", layer.device, schedule=layer.schedule) for i in range(1, count)]
                 extra += lanes[1:]
                 setattr(layer, name, Lanes(lanes, self.lag))
-        # The device layer stops the streams it made; the extra lanes stop with the runtime.
+        self._stop_lanes()
         self._stop_lanes = weakref.finalize(self, _close, extra)
+
+    def restart(self) -> RuntimeInfo:
+        """After RuntimeLost the device layer makes new streams (`replace_streams`): they become lanes again."""
+        streams = (self.device_layer.h2d, self.device_layer.d2h)
+        info = super().restart()
+        if (self.device_layer.h2d, self.device_layer.d2h) != streams:
+            self._add_lanes()
+        return info
 
     def close(self) -> None:
         super().close()
@@ -219,7 +237,7 @@ class Variant:
 
     name: str
     how: str
-    checks: tuple[str, ...] = ("core", "tiers", "restart", "ordering")
+    checks: tuple[str, ...] = ("core", "tiers", "restart", "ordering", "faults")
 
     @property
     def target(self) -> Target:

@@ -161,14 +161,14 @@ class Batches(Extents):
         record = st.batches[batch.batch_id]
         self.check_execute_order(batch.batch_id, record)
         results = []
+        lost: list[int] = []
         for slot_id, end in zip(record.slots, record.ends):
             read_pages = st.slots[slot_id].pages[: -(-end // self.page_size)]
             self.await_restores(read_pages)  # O1: compute waits for KV_READY
-            lost = [p for p in read_pages if not self.has_copy(p, Tier.L1)]
-            if lost:
-                raise ComputeCannotRun(f"pages {lost} have no device copy: the restore that would fill them failed")
-        if self.count_toward_fault(FaultKind.COMPUTE, None):
-            raise ComputeCannotRun("injected compute fault (FaultKind.COMPUTE)", injected=True)
+            lost += [p for p in read_pages if not self.has_copy(p, Tier.L1)]
+        # The intents are preconditions: they are checked (below, against the state compute
+        # would leave) before a failed read or an injected fault fails the batch.
+        injected = not lost and self.count_toward_fault(FaultKind.COMPUTE, None)
         for slot_id, start, end, request in zip(record.slots, record.starts, record.ends, record.requests):
             slot = st.slots[slot_id]
             l1 = st.pools[Tier.L1].tags
@@ -177,6 +177,8 @@ class Batches(Extents):
                 page.versions[position % self.page_size] = st.next_version
                 l1[page.copies[Tier.L1].phys][position % self.page_size] = st.next_version
                 st.next_version += 1
+            if lost:  # compute will not run: nothing to read
+                continue
             read = tuple(l1[st.pages[slot.pages[pos // self.page_size]].copies[Tier.L1].phys][pos % self.page_size] for pos in range(end))
             slot.num_tokens = end
             slot.last_output = tag_digest(read)
@@ -192,6 +194,10 @@ class Batches(Extents):
                 published.append(outcome)
             elif isinstance(outcome, TransferTicket):
                 tickets.append(outcome)
+        if lost:
+            raise ComputeCannotRun(f"pages {sorted(set(lost))} have no device copy: the restore that would fill them failed")
+        if injected:
+            raise ComputeCannotRun("injected compute fault (FaultKind.COMPUTE)", injected=True)
         return BatchCompletion(batch, tuple(results), tuple(published), tuple(tickets))
 
     def cancel(self, batch: PreparedBatchHandle) -> None:

@@ -785,69 +785,81 @@ Completable(t) ==
     /\ t \in inflight
     /\ transfers[t].waitsFor \cap inflight = {}
 
-(* The names transfer t moves, in move order, whose copy selected by       *)
-(* keep(n) in the tier it reads (src) or writes (dst) is still the one.    *)
-MovedNames(T, t, keep(_)) ==
-    LET ms == T.transfers[t].pages IN SelectSeq([i \in DOMAIN ms |-> ms[i].name], keep)
-
-(* Transfer t leaves the streams: the frees that waited only for it run,  *)
-(* in ascending page order, and its completion is due for a report.        *)
-Finish(T, t, failure) ==
-    LET rel1 == {p \in Phys1 : T.deferred1[p] = {t}}
-        rel2 == {p \in Phys2 : T.deferred2[p] = {t}}
-    IN [T EXCEPT !.deferred1 = [p \in Phys1 |-> T.deferred1[p] \ {t}],
-                 !.deferred2 = [p \in Phys2 |-> T.deferred2[p] \ {t}],
-                 !.free1 = T.free1 \o SortedSeq(rel1),
-                 !.free2 = T.free2 \o SortedSeq(rel2),
-                 !.transfers[t] = NoTransfer,
-                 !.unreported = Append(T.unreported, [transferId |-> t, failure |-> failure])]
+(* Transfer t leaves the streams: the frees that waited only for it are    *)
+(* no longer deferred (the action puts them on the free lists, Released1   *)
+(* and Released2) and its completion is due for a report.                  *)
+Released1(t) == SortedSeq({p \in Phys1 : deferred1[p] = {t}})
+Released2(t) == SortedSeq({p \in Phys2 : deferred2[p] = {t}})
+Leave(t, failure) ==
+    /\ deferred1' = [p \in Phys1 |-> deferred1[p] \ {t}]
+    /\ deferred2' = [p \in Phys2 |-> deferred2[p] \ {t}]
+    /\ inflight' = inflight \ {t}
+    /\ transfers' = [transfers EXCEPT ![t] = NoTransfer]
+    /\ unreported' = Append(unreported, [transferId |-> t, failure |-> failure])
 
 \* CompleteTransfer (environment): a transfer whose predecessors completed lands; copies it filled
-\* become valid, a dropping copy of the same page in the other tier is dropped, frees waiting only
-\* on it run.
+\* become valid, a dropping copy of the same page in the other tier is dropped (its page freed at
+\* once: nothing else touches it), frees waiting only on it run.
 CompleteTransfer(t) ==
-    LET T == [Tiers EXCEPT !.inflight = @ \ {t}]
-        ms == transfers[t].pages
+    LET ms == transfers[t].pages
         dsts == {ms[i].dst : i \in DOMAIN ms}
         srcOf(d) == ms[CHOOSE i \in DOMAIN ms : ms[i].dst = d].src
         filled(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
-        behind1(n) == state1[n] = "dropping"        \* the device copy a landed D2H backs up
-        behind2(n) == state2[n] = "dropping"        \* the host copy a landed H2D restores
+        moved == [i \in DOMAIN ms |-> ms[i].name]
     IN
     /\ Completable(t)
     /\ IF transfers[t].kind = "backup"
-         THEN /\ tags2' = [p \in Phys2 |-> IF p \in dsts THEN tags1[srcOf(p)] ELSE tags2[p]]
-              /\ UNCHANGED tags1
-              /\ LET L == [T EXCEPT !.state2 = [n \in Names |-> IF state2[n] = "filling" /\ filled(n, phys2[n])
-                                                              THEN "valid" ELSE state2[n]]]
-                 IN SetTiers(Finish(DropCopies1(L, MovedNames(T, t, behind1)), t, "none"))
-         ELSE /\ tags1' = [p \in Phys1 |-> IF p \in dsts THEN tags2[srcOf(p)] ELSE tags1[p]]
-              /\ UNCHANGED tags2
-              /\ LET L == [T EXCEPT !.state1 = [n \in Names |-> IF state1[n] = "filling" /\ filled(n, phys1[n])
-                                                              THEN "valid" ELSE state1[n]]]
-                 IN SetTiers(Finish(DropCopies2(L, MovedNames(T, t, behind2)), t, "none"))
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, nextVersion, extentVars, batchVars>>
+         THEN LET dropping(n) == state1[n] = "dropping"        \* device copies the landed D2H backs up
+                  behind == Range(SelectSeq(moved, dropping))
+              IN /\ tags2' = [p \in Phys2 |-> IF p \in dsts THEN tags1[srcOf(p)] ELSE tags2[p]]
+                 /\ state2' = [n \in Names |-> IF state2[n] = "filling" /\ filled(n, phys2[n]) THEN "valid" ELSE state2[n]]
+                 /\ state1' = [n \in Names |-> IF n \in behind THEN "absent" ELSE state1[n]]
+                 /\ phys1' = [n \in Names |-> IF n \in behind THEN -1 ELSE phys1[n]]
+                 /\ free1' = free1 \o PhysSeq1(Tiers, SelectSeq(moved, dropping)) \o Released1(t)
+                 /\ free2' = free2 \o Released2(t)
+                 /\ UNCHANGED <<tags1, phys2>>
+         ELSE LET dropping(n) == state2[n] = "dropping"        \* host copies the landed H2D restores
+                  behind == Range(SelectSeq(moved, dropping))
+              IN /\ tags1' = [p \in Phys1 |-> IF p \in dsts THEN tags2[srcOf(p)] ELSE tags1[p]]
+                 /\ state1' = [n \in Names |-> IF state1[n] = "filling" /\ filled(n, phys1[n]) THEN "valid" ELSE state1[n]]
+                 /\ state2' = [n \in Names |-> IF n \in behind THEN "absent" ELSE state2[n]]
+                 /\ phys2' = [n \in Names |-> IF n \in behind THEN -1 ELSE phys2[n]]
+                 /\ free1' = free1 \o Released1(t)
+                 /\ free2' = free2 \o PhysSeq2(Tiers, SelectSeq(moved, dropping)) \o Released2(t)
+                 /\ UNCHANGED <<tags2, phys1>>
+    /\ Leave(t, "none")
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, nextVersion, extentVars, batchVars, nextTransfer>>
 
 \* FailTransfer (environment): a transfer that could land fails instead; the copies it was filling
-\* are gone (their pages freed), a dropping copy of the same page in the tier it read is valid
-\* again, frees waiting only on it run, and its completion reports the failure.
+\* are gone (their pages freed at once: nothing else touches them), a dropping copy of the same
+\* page in the tier it read is valid again, frees waiting only on it run, and its completion
+\* reports the failure. Memory is as it was.
 FailTransfer(t) ==
-    LET T == [Tiers EXCEPT !.inflight = @ \ {t}]
-        ms == transfers[t].pages
+    LET ms == transfers[t].pages
         filling(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
-        into1(n) == state1[n] = "filling" /\ filling(n, phys1[n])    \* device copies an H2D was filling
-        into2(n) == state2[n] = "filling" /\ filling(n, phys2[n])    \* host copies a D2H was filling
-        back(st) == [n \in Names |-> IF st[n] = "dropping" /\ \E i \in DOMAIN ms : ms[i].name = n
-                                    THEN "valid" ELSE st[n]]
+        moved == [i \in DOMAIN ms |-> ms[i].name]
     IN
     /\ Faults                                                           \* the environment's failures are modelled
     /\ Completable(t)
     /\ IF transfers[t].kind = "backup"
-         THEN LET D == DropCopies2(T, MovedNames(T, t, into2)) IN
-              SetTiers(Finish([D EXCEPT !.state1 = back(D.state1)], t, "copy"))
-         ELSE LET D == DropCopies1(T, MovedNames(T, t, into1)) IN
-              SetTiers(Finish([D EXCEPT !.state2 = back(D.state2)], t, "copy"))
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+         THEN LET into(n) == state2[n] = "filling" /\ filling(n, phys2[n])    \* host copies the D2H was filling
+                  gone == Range(SelectSeq(moved, into))
+              IN /\ state2' = [n \in Names |-> IF n \in gone THEN "absent" ELSE state2[n]]
+                 /\ phys2' = [n \in Names |-> IF n \in gone THEN -1 ELSE phys2[n]]
+                 /\ free2' = free2 \o PhysSeq2(Tiers, SelectSeq(moved, into)) \o Released2(t)
+                 /\ state1' = [n \in Names |-> IF n \in Range(moved) /\ state1[n] = "dropping" THEN "valid" ELSE state1[n]]
+                 /\ free1' = free1 \o Released1(t)
+                 /\ UNCHANGED phys1
+         ELSE LET into(n) == state1[n] = "filling" /\ filling(n, phys1[n])    \* device copies the H2D was filling
+                  gone == Range(SelectSeq(moved, into))
+              IN /\ state1' = [n \in Names |-> IF n \in gone THEN "absent" ELSE state1[n]]
+                 /\ phys1' = [n \in Names |-> IF n \in gone THEN -1 ELSE phys1[n]]
+                 /\ free1' = free1 \o PhysSeq1(Tiers, SelectSeq(moved, into)) \o Released1(t)
+                 /\ state2' = [n \in Names |-> IF n \in Range(moved) /\ state2[n] = "dropping" THEN "valid" ELSE state2[n]]
+                 /\ free2' = free2 \o Released2(t)
+                 /\ UNCHANGED phys2
+    /\ Leave(t, "copy")
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, nextTransfer>>
 
 \* RuntimeLost (environment): the runtime's machinery is gone (a stream worker died); nothing
 \* changes but that every operation except Restart now raises RuntimeFault.

@@ -960,7 +960,7 @@ H1_StaleExtentRef ==
         /\ ~ENABLED SubmitDrop(x)
 H1_StaleBatchHandle ==
     \A bh \in BatchHandles : StaleBatch(bh) =>
-        ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh)
+        ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh) /\ ~ENABLED FailCompute(bh)
 H1 == H1_StaleRequestHandle /\ H1_StaleExtentRef /\ H1_StaleBatchHandle
 
 (* H2 (an action property): generations never decrease, and a slot that   *)

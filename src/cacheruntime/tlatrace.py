@@ -530,7 +530,7 @@ def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[
             st = rec.model.state
             prepared = [b for b in batches if b.epoch == st.epoch and b.batch_id in st.batches]
             rec.fail_compute(pick(batches, prepared, 0.1))
-        elif op == "lose":
+        elif op == "lose" and not is_lost(rec.model):  # the spec's RuntimeLost needs a runtime not lost
             rec.lose()
     return rec.steps
 

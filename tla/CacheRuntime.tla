@@ -785,21 +785,25 @@ Completable(t) ==
     /\ t \in inflight
     /\ transfers[t].waitsFor \cap inflight = {}
 
-(* Transfer t leaves the streams: the frees that waited only for it are    *)
-(* no longer deferred (the action puts them on the free lists, Released1   *)
-(* and Released2) and its completion is due for a report.                  *)
+(* Transfer t leaves the streams: the frees that waited only for it run    *)
+(* (Released1, Released2: the action puts them on the free lists, in       *)
+(* ascending page order) and its completion is due for a report.           *)
 Released1(t) == SortedSeq({p \in Phys1 : deferred1[p] = {t}})
 Released2(t) == SortedSeq({p \in Phys2 : deferred2[p] = {t}})
+Undefer1(t) == [p \in Phys1 |-> deferred1[p] \ {t}]
+Undefer2(t) == [p \in Phys2 |-> deferred2[p] \ {t}]
 Leave(t, failure) ==
-    /\ deferred1' = [p \in Phys1 |-> deferred1[p] \ {t}]
-    /\ deferred2' = [p \in Phys2 |-> deferred2[p] \ {t}]
     /\ inflight' = inflight \ {t}
     /\ transfers' = [transfers EXCEPT ![t] = NoTransfer]
     /\ unreported' = Append(unreported, [transferId |-> t, failure |-> failure])
+(* The tier state once t has left: pages freed now are deferred only       *)
+(* behind the other transfers still touching them (O3).                    *)
+Without(t) == [Tiers EXCEPT !.inflight = @ \ {t}, !.deferred1 = Undefer1(t), !.deferred2 = Undefer2(t)]
 
 \* CompleteTransfer (environment): a transfer whose predecessors completed lands; copies it filled
-\* become valid, a dropping copy of the same page in the other tier is dropped (its page freed at
-\* once: nothing else touches it), frees waiting only on it run.
+\* become valid, and where it filled the page's copy of the moment, a dropping copy of the page in
+\* the other tier is dropped (its page freed, or deferred while another transfer reads it: O3);
+\* frees waiting only on it run.
 CompleteTransfer(t) ==
     LET ms == transfers[t].pages
         dsts == {ms[i].dst : i \in DOMAIN ms}
@@ -809,31 +813,37 @@ CompleteTransfer(t) ==
     IN
     /\ Completable(t)
     /\ IF transfers[t].kind = "backup"
-         THEN LET dropping(n) == state1[n] = "dropping"        \* device copies the landed D2H backs up
+         THEN LET dropping(n) == state1[n] = "dropping" /\ state2[n] = "filling" /\ filled(n, phys2[n])  \* backed up now
                   behind == Range(SelectSeq(moved, dropping))
+                  ps == PhysSeq1(Tiers, SelectSeq(moved, dropping))
               IN /\ tags2' = [p \in Phys2 |-> IF p \in dsts THEN tags1[srcOf(p)] ELSE tags2[p]]
                  /\ state2' = [n \in Names |-> IF state2[n] = "filling" /\ filled(n, phys2[n]) THEN "valid" ELSE state2[n]]
                  /\ state1' = [n \in Names |-> IF n \in behind THEN "absent" ELSE state1[n]]
                  /\ phys1' = [n \in Names |-> IF n \in behind THEN -1 ELSE phys1[n]]
-                 /\ free1' = free1 \o PhysSeq1(Tiers, SelectSeq(moved, dropping)) \o Released1(t)
+                 /\ free1' = Free1After(Without(t), ps) \o Released1(t)
+                 /\ deferred1' = Deferred1After(Without(t), ps)
                  /\ free2' = free2 \o Released2(t)
+                 /\ deferred2' = Undefer2(t)
                  /\ UNCHANGED <<tags1, phys2>>
-         ELSE LET dropping(n) == state2[n] = "dropping"        \* host copies the landed H2D restores
+         ELSE LET dropping(n) == state2[n] = "dropping" /\ state1[n] = "filling" /\ filled(n, phys1[n])  \* restored now
                   behind == Range(SelectSeq(moved, dropping))
+                  ps == PhysSeq2(Tiers, SelectSeq(moved, dropping))
               IN /\ tags1' = [p \in Phys1 |-> IF p \in dsts THEN tags2[srcOf(p)] ELSE tags1[p]]
                  /\ state1' = [n \in Names |-> IF state1[n] = "filling" /\ filled(n, phys1[n]) THEN "valid" ELSE state1[n]]
                  /\ state2' = [n \in Names |-> IF n \in behind THEN "absent" ELSE state2[n]]
                  /\ phys2' = [n \in Names |-> IF n \in behind THEN -1 ELSE phys2[n]]
                  /\ free1' = free1 \o Released1(t)
-                 /\ free2' = free2 \o PhysSeq2(Tiers, SelectSeq(moved, dropping)) \o Released2(t)
+                 /\ deferred1' = Undefer1(t)
+                 /\ free2' = Free2After(Without(t), ps) \o Released2(t)
+                 /\ deferred2' = Deferred2After(Without(t), ps)
                  /\ UNCHANGED <<tags2, phys1>>
     /\ Leave(t, "none")
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, nextVersion, extentVars, batchVars, nextTransfer>>
 
 \* FailTransfer (environment): a transfer that could land fails instead; the copies it was filling
-\* are gone (their pages freed at once: nothing else touches them), a dropping copy of the same
-\* page in the tier it read is valid again, frees waiting only on it run, and its completion
-\* reports the failure. Memory is as it was.
+\* are gone (their pages freed, or deferred while another transfer touches them: O3), a dropping
+\* copy of such a page in the tier it read is valid again, frees waiting only on it run, and its
+\* completion reports the failure. Memory is as it was.
 FailTransfer(t) ==
     LET ms == transfers[t].pages
         filling(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
@@ -844,19 +854,25 @@ FailTransfer(t) ==
     /\ IF transfers[t].kind = "backup"
          THEN LET into(n) == state2[n] = "filling" /\ filling(n, phys2[n])    \* host copies the D2H was filling
                   gone == Range(SelectSeq(moved, into))
+                  ps == PhysSeq2(Tiers, SelectSeq(moved, into))
               IN /\ state2' = [n \in Names |-> IF n \in gone THEN "absent" ELSE state2[n]]
                  /\ phys2' = [n \in Names |-> IF n \in gone THEN -1 ELSE phys2[n]]
-                 /\ free2' = free2 \o PhysSeq2(Tiers, SelectSeq(moved, into)) \o Released2(t)
-                 /\ state1' = [n \in Names |-> IF n \in Range(moved) /\ state1[n] = "dropping" THEN "valid" ELSE state1[n]]
+                 /\ free2' = Free2After(Without(t), ps) \o Released2(t)
+                 /\ deferred2' = Deferred2After(Without(t), ps)
+                 /\ state1' = [n \in Names |-> IF n \in gone /\ state1[n] = "dropping" THEN "valid" ELSE state1[n]]
                  /\ free1' = free1 \o Released1(t)
+                 /\ deferred1' = Undefer1(t)
                  /\ UNCHANGED phys1
          ELSE LET into(n) == state1[n] = "filling" /\ filling(n, phys1[n])    \* device copies the H2D was filling
                   gone == Range(SelectSeq(moved, into))
+                  ps == PhysSeq1(Tiers, SelectSeq(moved, into))
               IN /\ state1' = [n \in Names |-> IF n \in gone THEN "absent" ELSE state1[n]]
                  /\ phys1' = [n \in Names |-> IF n \in gone THEN -1 ELSE phys1[n]]
-                 /\ free1' = free1 \o PhysSeq1(Tiers, SelectSeq(moved, into)) \o Released1(t)
-                 /\ state2' = [n \in Names |-> IF n \in Range(moved) /\ state2[n] = "dropping" THEN "valid" ELSE state2[n]]
+                 /\ free1' = Free1After(Without(t), ps) \o Released1(t)
+                 /\ deferred1' = Deferred1After(Without(t), ps)
+                 /\ state2' = [n \in Names |-> IF n \in gone /\ state2[n] = "dropping" THEN "valid" ELSE state2[n]]
                  /\ free2' = free2 \o Released2(t)
+                 /\ deferred2' = Undefer2(t)
                  /\ UNCHANGED phys2
     /\ Leave(t, "copy")
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, nextTransfer>>

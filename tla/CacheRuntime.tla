@@ -66,7 +66,8 @@ CONSTANTS
     MaxEpoch,           \* model bound: restarts
     MaxRefcount,        \* model bound: references to one extent
     PlanIntentKinds,    \* model bound: the intent kinds a plan in Next carries (at most one intent)
-    MaxSubmitIntents    \* model bound: intents per submit in Next (1 or 2)
+    MaxSubmitIntents,   \* model bound: intents per submit in Next (1 or 2)
+    Faults              \* whether the environment's failures (FailTransfer, FailCompute, RuntimeLost) are enabled
 
 (***************************************************************************)
 (* Variables, in groups as the reference model's records (spec/glossary.md *)
@@ -76,8 +77,11 @@ CONSTANTS
 (* says which groups it leaves alone.                                      *)
 (***************************************************************************)
 
-\* The runtime's epoch: a restart bumps it, and every handle carries it.
-VARIABLE epoch
+\* The runtime: its epoch and whether its machinery is gone.
+VARIABLES
+    epoch,          \* a restart bumps it, and every handle carries it
+    lost            \* the runtime's machinery is gone: every operation but Restart raises RuntimeFault
+runtimeVars == <<epoch, lost>>
 
 \* Request slots: generation, liveness and the row of each slot s.
 VARIABLES
@@ -96,9 +100,9 @@ pageVars == <<holders, versions, nextPage>>
 
 \* Copies: each page name's copy per tier and the physical page it occupies.
 VARIABLES
-    state1,         \* state1[n]: page n's device copy, "absent" | "filling" | "valid"
+    state1,         \* state1[n]: page n's device copy, "absent" | "filling" | "valid" | "dropping"
     phys1,          \* phys1[n]: the physical device page of that copy (-1 if none)
-    state2,         \* state2[n]: page n's host copy, "absent" | "filling" | "valid"
+    state2,         \* state2[n]: page n's host copy, "absent" | "filling" | "valid" | "dropping"
     phys2           \* phys2[n]: the physical host page of that copy (-1 if none)
 copyVars == <<state1, phys1, state2, phys2>>
 
@@ -123,7 +127,7 @@ VARIABLES
     nextExtent      \* the next extent generation to issue in this epoch
 extentVars == <<extents, nextExtent>>
 
-\* Batches: every batch of the epoch, prepared, executed or cancelled.
+\* Batches: every batch of the epoch, prepared, executed, cancelled or failed.
 VARIABLES
     batches,        \* batches[b]: state, slots (plan order), row lengths before and after, intents left to apply
     nextBatch       \* the next batch id in this epoch
@@ -134,10 +138,10 @@ VARIABLES
     transfers,      \* transfers[t]: transfer t: kind, moves [name, src, dst], waitsFor
     inflight,       \* transfers started and not completed (H2D and D2H streams)
     nextTransfer,   \* the next transfer id in this epoch
-    unreported      \* completed transfers not yet reported by a poll, in completion order
+    unreported      \* completions not yet reported by a poll, in completion order: [transferId, failure]
 transferVars == <<transfers, inflight, nextTransfer, unreported>>
 
-vars == <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars, transferVars>>
+vars == <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars, transferVars>>
 
 -----------------------------------------------------------------------------
 (* Sets, records and canonical values.                                     *)
@@ -149,8 +153,12 @@ Phys2 == 0 .. L2Pages - 1
 EIds == 1 .. MaxExtents
 BIds == 0 .. MaxBatches - 1
 TIds == 0 .. MaxTransfers - 1
-CopyState == {"absent", "filling", "valid"}
-BatchState == {"prepared", "executed", "cancelled"}
+CopyState == {"absent", "filling", "valid", "dropping"}
+Readable == {"valid", "dropping"}     \* copies that hold their page's bytes
+Backed == {"valid", "filling"}        \* copies a Demote or Drop may leave as the page's only one
+BatchState == {"prepared", "executed", "cancelled", "failed"}
+Finished == {"executed", "cancelled", "failed"}
+TransferFailures == {"none", "copy"}  \* a completion's failure: "none" (landed) or "copy"
 IntentKinds == {"Backup", "Restore", "Demote", "Drop"}
 
 (* Handles, named as the protocol's fields (no runtime_id: see above).     *)
@@ -159,6 +167,8 @@ ExtentRefs == [epoch : 0 .. MaxEpoch, generation : EIds]
 BatchHandles == [epoch : 0 .. MaxEpoch, batchId : BIds]
 (* A move of a transfer: page name, source and destination physical page.  *)
 Moves == [name : Names, src : Nat, dst : Nat]
+(* A completion to report: the transfer and whether (and why) it failed.   *)
+Completions == [transferId : TIds, failure : TransferFailures]
 
 NoExtent == [refcount |-> 0, pages |-> <<>>]
 NoBatch == [state |-> "none", slots |-> <<>>, startTokens |-> <<>>, ends |-> <<>>, intents |-> <<>>]
@@ -262,7 +272,8 @@ DropHolders(S) ==
 (* nothing to move completes at once.                                      *)
 StartTransfer(T, kind, ms, ws) ==
     IF ms = <<>>
-      THEN [T EXCEPT !.nextTransfer = @ + 1, !.unreported = Append(@, T.nextTransfer)]
+      THEN [T EXCEPT !.nextTransfer = @ + 1,
+                     !.unreported = Append(@, [transferId |-> T.nextTransfer, failure |-> "none"])]
       ELSE [T EXCEPT !.nextTransfer = @ + 1,
                      !.transfers[T.nextTransfer] = [kind |-> kind, pages |-> ms, waitsFor |-> ws],
                      !.inflight = @ \cup {T.nextTransfer}]
@@ -272,14 +283,18 @@ StartTransfer(T, kind, ms, ws) ==
 (* the tier state T (the typed error it raises otherwise is named beside   *)
 (* the guard) and the tier state after it.                                 *)
 
-(* Backup: pages without a host copy get one (filling) and a D2H starts,   *)
-(* after the transfers still filling their device sources.                 *)
+(* Backup: host copies that are dropping are valid again (nothing moves); *)
+(* pages without a host copy get one (filling) and a D2H starts, after the *)
+(* transfers still filling their device sources.                           *)
 BackupPages(T, g) == LET none(n) == T.state2[n] = "absent" IN SelectSeq(extents[g].pages, none)
+Revive2(T, g) == [T EXCEPT !.state2 = [n \in Names |-> IF n \in Range(extents[g].pages) /\ T.state2[n] = "dropping"
+                                                       THEN "valid" ELSE T.state2[n]]]
 BackupOk(T, g) ==
     /\ Len(BackupPages(T, g)) <= Len(T.free2)                           \* OutOfPages(L2)
     /\ T.nextTransfer < MaxTransfers                                    \* model bound
-AfterBackup(T, g) ==
-    LET bs == BackupPages(T, g)
+AfterBackup(T0, g) ==
+    LET T == Revive2(T0, g)
+        bs == BackupPages(T, g)
         Taken == [T EXCEPT !.state2 = [n \in Names |-> IF n \in Range(bs) THEN "filling" ELSE T.state2[n]],
                            !.phys2 = [n \in Names |-> IF n \in Range(bs)
                                                      THEN T.free2[CHOOSE i \in 1 .. Len(bs) : bs[i] = n]
@@ -289,15 +304,19 @@ AfterBackup(T, g) ==
                      [i \in 1 .. Len(bs) |-> [name |-> bs[i], src |-> T.phys1[bs[i]], dst |-> T.free2[i]]],
                      UNION {IF T.state1[n] = "filling" THEN Touch1(T, T.phys1[n]) ELSE {} : n \in Range(bs)})
 
-(* Restore: pages without a device copy get one (filling) and an H2D      *)
-(* starts, after any D2H still filling its host source (scenario 1).      *)
+(* Restore: device copies that are dropping are valid again (nothing      *)
+(* moves: scenario 1); pages without a device copy get one (filling) and   *)
+(* an H2D starts, after any D2H still filling its host source.             *)
 RestorePages(T, g) == LET none(n) == T.state1[n] = "absent" IN SelectSeq(extents[g].pages, none)
+Revive1(T, g) == [T EXCEPT !.state1 = [n \in Names |-> IF n \in Range(extents[g].pages) /\ T.state1[n] = "dropping"
+                                                       THEN "valid" ELSE T.state1[n]]]
 RestoreOk(T, g) ==
     /\ \A n \in Range(RestorePages(T, g)) : T.state2[n] # "absent"     \* NotBackedUp
     /\ Len(RestorePages(T, g)) <= Len(T.free1)                          \* OutOfPages(L1)
     /\ T.nextTransfer < MaxTransfers                                    \* model bound
-AfterRestore(T, g) ==
-    LET rs == RestorePages(T, g)
+AfterRestore(T0, g) ==
+    LET T == Revive1(T0, g)
+        rs == RestorePages(T, g)
         Taken == [T EXCEPT !.state1 = [n \in Names |-> IF n \in Range(rs) THEN "filling" ELSE T.state1[n]],
                            !.phys1 = [n \in Names |-> IF n \in Range(rs)
                                                      THEN T.free1[CHOOSE i \in 1 .. Len(rs) : rs[i] = n]
@@ -307,16 +326,30 @@ AfterRestore(T, g) ==
                      [i \in 1 .. Len(rs) |-> [name |-> rs[i], src |-> T.phys2[rs[i]], dst |-> T.free1[i]]],
                      UNION {IF T.state2[n] = "filling" THEN Touch2(T, T.phys2[n]) ELSE {} : n \in Range(rs)})
 
-(* Demote: the device copies go; every page needs a host copy and no live *)
-(* row may map one.                                                        *)
+(* Demote: the device copies go; every page needs a host copy valid or    *)
+(* filling and no live row may map one.  A device copy whose host copy is  *)
+(* still filling becomes dropping: it keeps its bytes and its page until   *)
+(* the D2H lands (write-back loses nothing when that D2H fails).           *)
 DemoteOk(T, g) ==
-    /\ \A n \in Range(extents[g].pages) : T.state2[n] # "absent"       \* NotBackedUp
+    /\ \A n \in Range(extents[g].pages) : T.state2[n] \in Backed        \* NotBackedUp
     /\ Range(extents[g].pages) \cap RowHeld = {}                        \* ExtentInUse
-AfterDemote(T, g) == DropCopies1(T, extents[g].pages)
+AfterDemote(T, g) ==
+    LET ps == extents[g].pages
+        now(n) == T.state2[n] = "valid"
+        later == {n \in Range(ps) : T.state2[n] = "filling" /\ T.state1[n] # "absent"}
+        D == DropCopies1(T, SelectSeq(ps, now))
+    IN [D EXCEPT !.state1 = [n \in Names |-> IF n \in later THEN "dropping" ELSE D.state1[n]]]
 
-(* Drop: the host copies go; every page needs a device copy.               *)
-DropOk(T, g) == \A n \in Range(extents[g].pages) : T.state1[n] # "absent"  \* WouldLoseData
-AfterDrop(T, g) == DropCopies2(T, extents[g].pages)
+(* Drop: the host copies go; every page needs a device copy valid or       *)
+(* filling.  A host copy whose device copy is still filling becomes        *)
+(* dropping until the H2D lands.                                           *)
+DropOk(T, g) == \A n \in Range(extents[g].pages) : T.state1[n] \in Backed  \* WouldLoseData
+AfterDrop(T, g) ==
+    LET ps == extents[g].pages
+        now(n) == T.state1[n] = "valid"
+        later == {n \in Range(ps) : T.state1[n] = "filling" /\ T.state2[n] # "absent"}
+        D == DropCopies2(T, SelectSeq(ps, now))
+    IN [D EXCEPT !.state2 = [n \in Names |-> IF n \in later THEN "dropping" ELSE D.state2[n]]]
 
 (* An intent is [kind |-> one of IntentKinds, extent |-> an extent ref].   *)
 IntentOk(T, i) ==
@@ -361,14 +394,17 @@ PlanValid(P) ==
     /\ \A i \in DOMAIN P.intents : ValidExt(P.intents[i].extent) /\ L2Pages > 0   \* NoL2
     /\ \A i, j \in DOMAIN P.items : i # j => ItemSlot(P.items[i]) # ItemSlot(P.items[j])  \* InvalidPlan
 
-(* The plan fits: attached pages are resident or restored, rows and the   *)
+(* The plan fits: attached pages are resident (a device copy valid or     *)
+(* filling; a dropping one is not) or restored by the plan, rows and the   *)
 (* device pool have room, and the model bounds hold.                       *)
 PlanFits(P) ==
-    LET restoring == Restoring(P) IN
+    LET restoring == Restoring(P)
+        restored == UNION {Range(extents[PlanRestores(P)[i].extent.generation].pages) : i \in DOMAIN PlanRestores(P)}
+    IN
     /\ \A i \in DOMAIN P.items : LET it == P.items[i] IN
           /\ it.attach # <<>> => Len(pages[ItemSlot(it)]) = 0           \* InvalidPlan
           /\ \A n \in Range(AttachedPages(it)) :
-                state1[n] # "absent" \/ n \in restoring                  \* NotResident
+                state1[n] \in Backed \/ n \in restored                   \* NotResident
           /\ RowEnd(it) <= MaxRequestTokens                              \* RowFull
     /\ Len(P.items) + Cardinality(restoring) <= Len(free1)             \* OutOfPages(L1)
     /\ nextBatch < MaxBatches /\ nextPage + Len(P.items) <= MaxNames   \* model bounds
@@ -406,6 +442,7 @@ RecordBatch(P) ==
 -----------------------------------------------------------------------------
 TypeOK ==
     /\ epoch \in 0 .. MaxEpoch
+    /\ lost \in BOOLEAN
     /\ generation \in [Slots -> 0 .. MaxGeneration]
     /\ live \in [Slots -> BOOLEAN]
     /\ \A s \in Slots : pages[s] \in Seq(Names) /\ Len(pages[s]) <= MaxRequestTokens
@@ -427,10 +464,11 @@ TypeOK ==
                        /\ \A i \in DOMAIN transfers[t].pages : transfers[t].pages[i] \in Moves
     /\ inflight \subseteq TIds
     /\ nextTransfer \in 0 .. MaxTransfers
-    /\ unreported \in Seq(TIds)
+    /\ unreported \in Seq(Completions)
 
 Init ==
     /\ epoch = 0
+    /\ lost = FALSE
     /\ generation = [s \in Slots |-> 0]
     /\ live = [s \in Slots |-> FALSE]
     /\ pages = [s \in Slots |-> <<>>]
@@ -461,21 +499,25 @@ Init ==
 -----------------------------------------------------------------------------
 (* Actions: one per boundary operation (the model's method in CamelCase;  *)
 (* one per tier intent for submit), plus the environment's                 *)
-(* CompleteTransfer.                                                       *)
+(* CompleteTransfer and its failures (FailTransfer, FailCompute,           *)
+(* RuntimeLost).  While the runtime is lost every operation but Restart    *)
+(* raises RuntimeFault: it is not enabled.                                 *)
 
 \* OpenRequest: the lowest slot that is not live opens with an empty row (OutOfSlots otherwise).
 OpenRequest ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ \E s \in Slots : ~live[s]
     /\ LET s == CHOOSE v \in Slots : ~live[v] /\ \A w \in Slots : ~live[w] => v <= w
        IN /\ live' = [live EXCEPT ![s] = TRUE]
           /\ pages' = [pages EXCEPT ![s] = <<>>]
           /\ numTokens' = [numTokens EXCEPT ![s] = 0]
-    /\ UNCHANGED <<epoch, generation, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
+    /\ UNCHANGED <<runtimeVars, generation, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
                    transferVars>>
 
 \* CloseRequest: the slot closes at a new generation (H2) and its row's pages lose a holder
 \* (RequestBusy while in a prepared batch).
 CloseRequest(h) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidReq(h)
     /\ ~InPrepared(h.slotId)
     /\ generation[h.slotId] < MaxGeneration                              \* model bound
@@ -485,18 +527,19 @@ CloseRequest(h) ==
        /\ pages' = [pages EXCEPT ![s] = <<>>]
        /\ numTokens' = [numTokens EXCEPT ![s] = 0]
        /\ DropHolders(pages[s])
-    /\ UNCHANGED <<epoch, nextPage, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, nextPage, memoryVars, extentVars, batchVars>>
 
 \* PrepareBatch: a valid plan that fits starts its restores, maps each row and records the batch;
 \* nothing changes otherwise.
 PrepareBatch(P) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ PlanValid(P)
     /\ PlanFits(P)
     /\ IntentsOk(Tiers, PlanRestores(P))
     /\ SetTiers(AfterNewPages(AfterIntents(Tiers, PlanRestores(P)), P))
     /\ MapRows(P)
     /\ RecordBatch(P)
-    /\ UNCHANGED <<epoch, generation, live, numTokens, versions, memoryVars, extentVars>>
+    /\ UNCHANGED <<runtimeVars, generation, live, numTokens, versions, memoryVars, extentVars>>
 
 (* ExecuteBatch may run once no earlier prepared batch shares a request   *)
 (* (OutOfOrder) and it is prepared (AlreadyExecuted, NotPrepared); its     *)
@@ -506,11 +549,19 @@ ExecuteBatchOk(bh) ==
     /\ batches[bh.batchId].state = "prepared"
     /\ \A c \in BIds : c < bh.batchId /\ batches[c].state = "prepared"
           => Range(batches[c].slots) \cap Range(batches[bh.batchId].slots) = {}
+ReadsOf(B) == UNION {{pages[B.slots[i]][j] : j \in 1 .. B.ends[i]} : i \in DOMAIN B.slots}
 KVReady(bh) ==
-    LET B == batches[bh.batchId]
-        reads == UNION {{pages[B.slots[i]][j] : j \in 1 .. B.ends[i]} : i \in DOMAIN B.slots}
-    IN \A t \in inflight : transfers[t].kind = "restore" =>
-          \A i \in DOMAIN transfers[t].pages : transfers[t].pages[i].name \notin reads
+    \A t \in inflight : transfers[t].kind = "restore" =>
+        \A i \in DOMAIN transfers[t].pages : transfers[t].pages[i].name \notin ReadsOf(batches[bh.batchId])
+(* Every page it reads has a device copy once KV_READY: none is missing    *)
+(* because a restore it waited for failed.                                 *)
+ReadsLanded(bh) == \A n \in ReadsOf(batches[bh.batchId]) : state1[n] # "absent"
+(* Every precondition of ExecuteBatch: in order, KV_READY reached, and its *)
+(* intents apply to the tier state (compute leaves the tiers alone).       *)
+CanExecute(bh) ==
+    /\ ExecuteBatchOk(bh)
+    /\ KVReady(bh)
+    /\ IntentsOk(Tiers, batches[bh.batchId].intents)
 
 (* Compute of batch B writes each item's token with the next version tag. *)
 Compute(B) ==
@@ -527,51 +578,91 @@ Compute(B) ==
                                        ELSE numTokens[s]]
     /\ nextVersion' = nextVersion + Len(B.slots)
 
+(* The batches that fail with batch b: b and every later prepared batch    *)
+(* that shares a request with it or with one of them.                      *)
+RECURSIVE Dependents(_, _)
+Dependents(c, S) == IF c >= MaxBatches THEN {}
+                    ELSE IF batches[c].state = "prepared" /\ Range(batches[c].slots) \cap S # {}
+                         THEN {c} \cup Dependents(c + 1, S \cup Range(batches[c].slots))
+                         ELSE Dependents(c + 1, S)
+FailingWith(b) == {b} \cup Dependents(b + 1, Range(batches[b].slots))
+
+(* Prepared batches F are undone as CancelBatch undoes one, newest first:  *)
+(* each row returns to its length before the first of them that holds it,  *)
+(* and the pages each added lose their holder.                             *)
+Unreserve(F) ==
+    LET newest == LET up == SortedSeq(F) IN [k \in 1 .. Len(up) |-> up[Len(up) + 1 - k]]
+        added(b, i) == SubSeq(pages[batches[b].slots[i]], batches[b].startTokens[i] + 1, batches[b].ends[i])
+        addedBy(b) == Concat([i \in DOMAIN batches[b].slots |-> added(b, i)])
+        holds(b, s) == s \in Range(batches[b].slots)
+        first(s) == CHOOSE b \in F : holds(b, s) /\ \A c \in F : holds(c, s) => b <= c
+        start(s) == batches[first(s)].startTokens[CHOOSE i \in DOMAIN batches[first(s)].slots : batches[first(s)].slots[i] = s]
+        rows == UNION {Range(batches[b].slots) : b \in F}
+    IN /\ pages' = [s \in Slots |-> IF s \in rows THEN SubSeq(pages[s], 1, start(s)) ELSE pages[s]]
+       /\ DropHolders(Concat([k \in DOMAIN newest |-> addedBy(newest[k])]))
+
+(* The compute of batch bh failed: it and the batches that fail with it    *)
+(* are failed, their reservations undone; nothing compute would have       *)
+(* written is visible (no tag, no token counted, no intent applied).       *)
+FailBatches(bh) ==
+    LET F == FailingWith(bh.batchId) IN
+    /\ Unreserve(F)
+    /\ numTokens' = numTokens                                           \* no token of a failed batch counts
+    /\ batches' = [b \in BIds |-> IF b \in F THEN [batches[b] EXCEPT !.state = "failed"] ELSE batches[b]]
+    /\ UNCHANGED <<runtimeVars, generation, live, nextPage, memoryVars, extentVars, nextBatch>>
+
 \* ExecuteBatch: compute runs, then the plan's intents apply in order (all or none); the batch
-\* never runs again (O4).
+\* never runs again (O4). If a restore it waited for failed, the batch fails instead (ComputeFailed).
 ExecuteBatch(bh) ==
-    /\ ExecuteBatchOk(bh)
-    /\ KVReady(bh)
-    /\ IntentsOk(Tiers, batches[bh.batchId].intents)
-    /\ Compute(batches[bh.batchId])
-    /\ SetTiers(AfterIntents(Tiers, batches[bh.batchId].intents))
-    /\ batches' = [batches EXCEPT ![bh.batchId].state = "executed"]
-    /\ UNCHANGED <<epoch, generation, live, pages, holders, nextPage, tags2, extentVars, nextBatch>>
+    /\ ~lost                                                            \* RuntimeFault
+    /\ CanExecute(bh)
+    /\ IF ReadsLanded(bh)
+         THEN /\ Compute(batches[bh.batchId])
+              /\ SetTiers(AfterIntents(Tiers, batches[bh.batchId].intents))
+              /\ batches' = [batches EXCEPT ![bh.batchId].state = "executed"]
+              /\ UNCHANGED <<runtimeVars, generation, live, pages, holders, nextPage, tags2, extentVars, nextBatch>>
+         ELSE FailBatches(bh)
+
+\* FailCompute (environment): ExecuteBatch of a batch whose compute fails (ComputeFailed): the batch
+\* and its dependents fail with no visible effect.
+FailCompute(bh) ==
+    /\ Faults                                                           \* the environment's failures are modelled
+    /\ ~lost                                                            \* RuntimeFault
+    /\ CanExecute(bh)
+    /\ FailBatches(bh)
 
 \* CancelBatch: rows return to their length before the batch and its pages lose their holder;
 \* started restores go on.
 CancelBatch(bh) ==
-    LET B == batches[bh.batchId]
-        added(i) == SubSeq(pages[B.slots[i]], B.startTokens[i] + 1, Len(pages[B.slots[i]]))
-    IN
+    LET B == batches[bh.batchId] IN
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidBatch(bh)
     /\ B.state = "prepared"
     /\ \A c \in BIds : c > bh.batchId /\ batches[c].state = "prepared"
           => Range(batches[c].slots) \cap Range(B.slots) = {}             \* BatchDependency
-    /\ pages' = [s \in Slots |-> IF s \in Range(B.slots)
-                                   THEN SubSeq(pages[s], 1, B.startTokens[CHOOSE i \in DOMAIN B.slots : B.slots[i] = s])
-                                   ELSE pages[s]]
-    /\ DropHolders(Concat([i \in DOMAIN B.slots |-> added(i)]))
+    /\ Unreserve({bh.batchId})
     /\ batches' = [batches EXCEPT ![bh.batchId].state = "cancelled"]
-    /\ UNCHANGED <<epoch, generation, live, numTokens, nextPage, memoryVars, extentVars, nextBatch>>
+    /\ UNCHANGED <<runtimeVars, generation, live, numTokens, nextPage, memoryVars, extentVars, nextBatch>>
 
 \* Publish: computed pages first+1..first+count of a row become an extent with one reference; each
 \* gains a holder (InvalidPageRun).
 Publish(h, first, count) ==
     LET ps == SubSeq(pages[h.slotId], first + 1, first + count) IN
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidReq(h)
     /\ count >= 1 /\ first >= 0 /\ first + count <= numTokens[h.slotId]
     /\ nextExtent <= MaxExtents                                         \* model bound
     /\ holders' = [n \in Names |-> holders[n] + Count(ps, n)]
     /\ extents' = [extents EXCEPT ![nextExtent] = [refcount |-> 1, pages |-> ps]]
     /\ nextExtent' = nextExtent + 1
-    /\ UNCHANGED <<epoch, requestVars, versions, nextPage, copyVars, poolVars, memoryVars, batchVars,
+    /\ UNCHANGED <<runtimeVars, requestVars, versions, nextPage, copyVars, poolVars, memoryVars, batchVars,
                    transferVars>>
 
 \* Split: an extent with one reference ends and two new ones cover its first `at` pages and the
 \* rest (ExtentShared, InvalidPageRun).
 Split(x, at) ==
     LET ps == extents[x.generation].pages IN
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x)
     /\ extents[x.generation].refcount = 1
     /\ 0 < at /\ at < Len(ps)
@@ -580,65 +671,73 @@ Split(x, at) ==
                           ![nextExtent] = [refcount |-> 1, pages |-> SubSeq(ps, 1, at)],
                           ![nextExtent + 1] = [refcount |-> 1, pages |-> SubSeq(ps, at + 1, Len(ps))]]
     /\ nextExtent' = nextExtent + 2
-    /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, batchVars, transferVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, batchVars, transferVars>>
 
 (* Retain: a live extent gains a reference. *)
 Retain(x) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x)
     /\ extents[x.generation].refcount < MaxRefcount                     \* model bound
     /\ extents' = [extents EXCEPT ![x.generation].refcount = @ + 1]
-    /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, nextExtent, batchVars,
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, nextExtent, batchVars,
                    transferVars>>
 
 \* Release: a live extent loses a reference; with the last one it ends and its pages lose a holder.
 Release(x) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x)
     /\ IF extents[x.generation].refcount = 1
          THEN /\ extents' = [extents EXCEPT ![x.generation] = NoExtent]
               /\ DropHolders(extents[x.generation].pages)
          ELSE /\ extents' = [extents EXCEPT ![x.generation].refcount = @ - 1]
               /\ UNCHANGED <<holders, versions, copyVars, poolVars>>
-    /\ UNCHANGED <<epoch, requestVars, nextPage, memoryVars, nextExtent, batchVars, transferVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, nextPage, memoryVars, nextExtent, batchVars, transferVars>>
 
 (* SubmitBackup: a submit of one Backup intent (NoL2, OutOfPages(L2)). *)
 SubmitBackup(x) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x) /\ L2Pages > 0
     /\ BackupOk(Tiers, x.generation)
     /\ SetTiers(AfterBackup(Tiers, x.generation))
-    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
 
 \* SubmitRestore: a submit of one Restore intent (NoL2, NotBackedUp, OutOfPages(L1)).
 SubmitRestore(x) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x) /\ L2Pages > 0
     /\ RestoreOk(Tiers, x.generation)
     /\ SetTiers(AfterRestore(Tiers, x.generation))
-    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
 
 \* SubmitDemote: a submit of one Demote intent (NoL2, NotBackedUp, ExtentInUse).
 SubmitDemote(x) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x) /\ L2Pages > 0
     /\ DemoteOk(Tiers, x.generation)
     /\ SetTiers(AfterDemote(Tiers, x.generation))
-    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
 
 (* SubmitDrop: a submit of one Drop intent (NoL2, WouldLoseData). *)
 SubmitDrop(x) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x) /\ L2Pages > 0
     /\ DropOk(Tiers, x.generation)
     /\ SetTiers(AfterDrop(Tiers, x.generation))
-    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
 
 \* Submit: a submit of several intents applies them in order, each to what the last left, all or
 \* none.
 Submit(is) ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ IntentsOk(Tiers, is)
     /\ SetTiers(AfterIntents(Tiers, is))
-    /\ UNCHANGED <<epoch, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
 
 (* PollCompletions: the completions not yet reported are reported, once. *)
 PollCompletions ==
+    /\ ~lost                                                            \* RuntimeFault
     /\ unreported' = <<>>
-    /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
                    transfers, inflight, nextTransfer>>
 
 \* WaitCompletions: blocks until nothing is in flight (the environment completes it), then reports
@@ -647,12 +746,14 @@ WaitCompletions ==
     /\ inflight = {}
     /\ PollCompletions
 
-\* Restart: once nothing is in flight, everything but memory is forgotten; live slots' generations
-\* and the epoch grow (scenario 5).
+\* Restart: once nothing is in flight, or once the runtime is lost (its transfers are abandoned: their
+\* copies never land, their completions are never reported), everything but memory is forgotten;
+\* live slots' generations and the epoch grow (scenario 5).
 Restart ==
-    /\ inflight = {}
+    /\ inflight = {} \/ lost
     /\ epoch < MaxEpoch /\ \A s \in Slots : live[s] => generation[s] < MaxGeneration  \* model bounds
     /\ epoch' = epoch + 1
+    /\ lost' = FALSE
     /\ generation' = [s \in Slots |-> IF live[s] THEN generation[s] + 1 ELSE generation[s]]
     /\ live' = [s \in Slots |-> FALSE]
     /\ pages' = [s \in Slots |-> <<>>]
@@ -678,41 +779,119 @@ Restart ==
     /\ unreported' = <<>>
     /\ UNCHANGED memoryVars
 
+(* A transfer can land or fail once the transfers it waits for did.       *)
+Completable(t) ==
+    /\ ~lost                                                            \* no transfer lands or fails
+    /\ t \in inflight
+    /\ transfers[t].waitsFor \cap inflight = {}
+
+(* Transfer t leaves the streams: the frees that waited only for it run    *)
+(* (Released1, Released2: the action puts them on the free lists, in       *)
+(* ascending page order) and its completion is due for a report.           *)
+Released1(t) == SortedSeq({p \in Phys1 : deferred1[p] = {t}})
+Released2(t) == SortedSeq({p \in Phys2 : deferred2[p] = {t}})
+Undefer1(t) == [p \in Phys1 |-> deferred1[p] \ {t}]
+Undefer2(t) == [p \in Phys2 |-> deferred2[p] \ {t}]
+Leave(t, failure) ==
+    /\ inflight' = inflight \ {t}
+    /\ transfers' = [transfers EXCEPT ![t] = NoTransfer]
+    /\ unreported' = Append(unreported, [transferId |-> t, failure |-> failure])
+(* The tier state once t has left: pages freed now are deferred only       *)
+(* behind the other transfers still touching them (O3).                    *)
+Without(t) == [Tiers EXCEPT !.inflight = @ \ {t}, !.deferred1 = Undefer1(t), !.deferred2 = Undefer2(t)]
+
 \* CompleteTransfer (environment): a transfer whose predecessors completed lands; copies it filled
-\* become valid, frees waiting only on it run.
+\* become valid, and where it filled the page's copy of the moment, a dropping copy of the page in
+\* the other tier is dropped (its page freed, or deferred while another transfer reads it: O3);
+\* frees waiting only on it run.
 CompleteTransfer(t) ==
     LET ms == transfers[t].pages
         dsts == {ms[i].dst : i \in DOMAIN ms}
         srcOf(d) == ms[CHOOSE i \in DOMAIN ms : ms[i].dst = d].src
         filled(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
-        rel1 == {p \in Phys1 : deferred1[p] = {t}}
-        rel2 == {p \in Phys2 : deferred2[p] = {t}}
+        moved == [i \in DOMAIN ms |-> ms[i].name]
     IN
-    /\ t \in inflight
-    /\ transfers[t].waitsFor \cap inflight = {}
+    /\ Completable(t)
     /\ IF transfers[t].kind = "backup"
-         THEN /\ tags2' = [p \in Phys2 |-> IF p \in dsts THEN tags1[srcOf(p)] ELSE tags2[p]]
-              /\ state2' = [n \in Names |-> IF Exists(n) /\ state2[n] # "absent" /\ filled(n, phys2[n])
-                                              THEN "valid" ELSE state2[n]]
-              /\ UNCHANGED <<tags1, state1>>
-         ELSE /\ tags1' = [p \in Phys1 |-> IF p \in dsts THEN tags2[srcOf(p)] ELSE tags1[p]]
-              /\ state1' = [n \in Names |-> IF Exists(n) /\ state1[n] # "absent" /\ filled(n, phys1[n])
-                                              THEN "valid" ELSE state1[n]]
-              /\ UNCHANGED <<tags2, state2>>
-    /\ deferred1' = [p \in Phys1 |-> deferred1[p] \ {t}]
-    /\ deferred2' = [p \in Phys2 |-> deferred2[p] \ {t}]
-    /\ free1' = free1 \o SortedSeq(rel1)
-    /\ free2' = free2 \o SortedSeq(rel2)
-    /\ inflight' = inflight \ {t}
-    /\ transfers' = [transfers EXCEPT ![t] = NoTransfer]
-    /\ unreported' = Append(unreported, t)
-    /\ UNCHANGED <<epoch, requestVars, pageVars, phys1, phys2, nextVersion, extentVars, batchVars,
-                   nextTransfer>>
+         THEN LET dropping(n) == state1[n] = "dropping" /\ state2[n] = "filling" /\ filled(n, phys2[n])  \* backed up now
+                  behind == Range(SelectSeq(moved, dropping))
+                  ps == PhysSeq1(Tiers, SelectSeq(moved, dropping))
+              IN /\ tags2' = [p \in Phys2 |-> IF p \in dsts THEN tags1[srcOf(p)] ELSE tags2[p]]
+                 /\ state2' = [n \in Names |-> IF state2[n] = "filling" /\ filled(n, phys2[n]) THEN "valid" ELSE state2[n]]
+                 /\ state1' = [n \in Names |-> IF n \in behind THEN "absent" ELSE state1[n]]
+                 /\ phys1' = [n \in Names |-> IF n \in behind THEN -1 ELSE phys1[n]]
+                 /\ free1' = Free1After(Without(t), ps) \o Released1(t)
+                 /\ deferred1' = Deferred1After(Without(t), ps)
+                 /\ free2' = free2 \o Released2(t)
+                 /\ deferred2' = Undefer2(t)
+                 /\ UNCHANGED <<tags1, phys2>>
+         ELSE LET dropping(n) == state2[n] = "dropping" /\ state1[n] = "filling" /\ filled(n, phys1[n])  \* restored now
+                  behind == Range(SelectSeq(moved, dropping))
+                  ps == PhysSeq2(Tiers, SelectSeq(moved, dropping))
+              IN /\ tags1' = [p \in Phys1 |-> IF p \in dsts THEN tags2[srcOf(p)] ELSE tags1[p]]
+                 /\ state1' = [n \in Names |-> IF state1[n] = "filling" /\ filled(n, phys1[n]) THEN "valid" ELSE state1[n]]
+                 /\ state2' = [n \in Names |-> IF n \in behind THEN "absent" ELSE state2[n]]
+                 /\ phys2' = [n \in Names |-> IF n \in behind THEN -1 ELSE phys2[n]]
+                 /\ free1' = free1 \o Released1(t)
+                 /\ deferred1' = Undefer1(t)
+                 /\ free2' = Free2After(Without(t), ps) \o Released2(t)
+                 /\ deferred2' = Deferred2After(Without(t), ps)
+                 /\ UNCHANGED <<tags2, phys1>>
+    /\ Leave(t, "none")
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, nextVersion, extentVars, batchVars, nextTransfer>>
+
+\* FailTransfer (environment): a transfer that could land fails instead; the copies it was filling
+\* are gone (their pages freed, or deferred while another transfer touches them: O3), a dropping
+\* copy of such a page in the tier it read is valid again, frees waiting only on it run, and its
+\* completion reports the failure. Memory is as it was.
+FailTransfer(t) ==
+    LET ms == transfers[t].pages
+        filling(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
+        moved == [i \in DOMAIN ms |-> ms[i].name]
+    IN
+    /\ Faults                                                           \* the environment's failures are modelled
+    /\ Completable(t)
+    /\ IF transfers[t].kind = "backup"
+         THEN LET into(n) == state2[n] = "filling" /\ filling(n, phys2[n])    \* host copies the D2H was filling
+                  gone == Range(SelectSeq(moved, into))
+                  ps == PhysSeq2(Tiers, SelectSeq(moved, into))
+              IN /\ state2' = [n \in Names |-> IF n \in gone THEN "absent" ELSE state2[n]]
+                 /\ phys2' = [n \in Names |-> IF n \in gone THEN -1 ELSE phys2[n]]
+                 /\ free2' = Free2After(Without(t), ps) \o Released2(t)
+                 /\ deferred2' = Deferred2After(Without(t), ps)
+                 /\ state1' = [n \in Names |-> IF n \in gone /\ state1[n] = "dropping" THEN "valid" ELSE state1[n]]
+                 /\ free1' = free1 \o Released1(t)
+                 /\ deferred1' = Undefer1(t)
+                 /\ UNCHANGED phys1
+         ELSE LET into(n) == state1[n] = "filling" /\ filling(n, phys1[n])    \* device copies the H2D was filling
+                  gone == Range(SelectSeq(moved, into))
+                  ps == PhysSeq1(Tiers, SelectSeq(moved, into))
+              IN /\ state1' = [n \in Names |-> IF n \in gone THEN "absent" ELSE state1[n]]
+                 /\ phys1' = [n \in Names |-> IF n \in gone THEN -1 ELSE phys1[n]]
+                 /\ free1' = Free1After(Without(t), ps) \o Released1(t)
+                 /\ deferred1' = Deferred1After(Without(t), ps)
+                 /\ state2' = [n \in Names |-> IF n \in gone /\ state2[n] = "dropping" THEN "valid" ELSE state2[n]]
+                 /\ free2' = free2 \o Released2(t)
+                 /\ deferred2' = Undefer2(t)
+                 /\ UNCHANGED phys2
+    /\ Leave(t, "copy")
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, nextTransfer>>
+
+\* RuntimeLost (environment): the runtime's machinery is gone (a stream worker died); nothing
+\* changes but that every operation except Restart now raises RuntimeFault.
+RuntimeLost ==
+    /\ Faults                                                           \* the environment's failures are modelled
+    /\ ~lost
+    /\ lost' = TRUE
+    /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
+                   transferVars>>
 
 -----------------------------------------------------------------------------
 (* The next-state relation: control calls every operation with current     *)
 (* handles (a stale handle enables nothing: H1 below checks it), the       *)
-(* environment completes transfers.                                        *)
+(* environment completes transfers and, when Faults (its failure actions   *)
+(* say so first), makes transfers and compute fail and the runtime's       *)
+(* machinery go.                                                           *)
 
 ReqH(s) == [epoch |-> epoch, slotId |-> s, generation |-> generation[s]]
 ExtH(g) == [epoch |-> epoch, generation |-> g]
@@ -745,20 +924,23 @@ Next ==
     \/ WaitCompletions
     \/ Restart
     \/ \E t \in TIds : CompleteTransfer(t)
+    \/ \E t \in TIds : FailTransfer(t)
+    \/ \E b \in BIds : FailCompute(BatchH(b))
+    \/ RuntimeLost
 
 Spec == Init /\ [][Next]_vars
 
 (* For model checking only (the VIEW of the MC configs): the bytes of a    *)
-(* physical page that no valid copy maps and no in-flight transfer reads   *)
+(* physical page that no readable copy maps and no in-flight transfer reads *)
 (* are never read again before being overwritten, so states that differ   *)
 (* only there behave alike.                                                *)
-Read1 == {phys1[n] : n \in {m \in Names : state1[m] = "valid"}}
+Read1 == {phys1[n] : n \in {m \in Names : state1[m] \in Readable}}
          \cup UNION {{transfers[t].pages[i].src : i \in DOMAIN transfers[t].pages} :
                      t \in {u \in inflight : transfers[u].kind = "backup"}}
-Read2 == {phys2[n] : n \in {m \in Names : state2[m] = "valid"}}
+Read2 == {phys2[n] : n \in {m \in Names : state2[m] \in Readable}}
          \cup UNION {{transfers[t].pages[i].src : i \in DOMAIN transfers[t].pages} :
                      t \in {u \in inflight : transfers[u].kind = "restore"}}
-View == <<epoch, requestVars, pageVars, copyVars, poolVars,
+View == <<runtimeVars, requestVars, pageVars, copyVars, poolVars,
           [p \in Phys1 |-> IF p \in Read1 THEN tags1[p] ELSE 0],
           [p \in Phys2 |-> IF p \in Read2 THEN tags2[p] ELSE 0], nextVersion,
           extentVars, batchVars, transferVars>>
@@ -794,7 +976,7 @@ H1_StaleExtentRef ==
         /\ ~ENABLED SubmitDrop(x)
 H1_StaleBatchHandle ==
     \A bh \in BatchHandles : StaleBatch(bh) =>
-        ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh)
+        ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh) /\ ~ENABLED FailCompute(bh)
 H1 == H1_StaleRequestHandle /\ H1_StaleExtentRef /\ H1_StaleBatchHandle
 
 (* H2 (an action property): generations never decrease, and a slot that   *)
@@ -853,22 +1035,46 @@ O3 == \A t \in inflight : \A i \in DOMAIN transfers[t].pages : LET m == transfer
           THEN m.src \notin Range(free1) /\ m.dst \notin Range(free2)
           ELSE m.src \notin Range(free2) /\ m.dst \notin Range(free1)
 
-(* O4 (an action property): within an epoch an executed or cancelled      *)
-(* batch stays so, and only a prepared batch executes.                     *)
+(* O4 (an action property): within an epoch an executed, cancelled or     *)
+(* failed batch stays so, and only a prepared batch executes.              *)
 O4 == [][epoch' = epoch =>
-           \A b \in BIds : /\ batches[b].state \in {"executed", "cancelled"} => batches'[b].state = batches[b].state
+           \A b \in BIds : /\ batches[b].state \in Finished => batches'[b].state = batches[b].state
                            /\ batches'[b].state = "executed" /\ batches[b].state # "executed" => batches[b].state = "prepared"]_vars
 
-(* D1: every valid copy holds the version tag last written to its page.    *)
+(* D1: every readable copy (valid or dropping) holds the version tag last  *)
+(* written to its page.                                                    *)
 D1 == \A n \in Names : Exists(n) /\ versions[n] # 0 =>
-        /\ state1[n] = "valid" => tags1[phys1[n]] = versions[n]
-        /\ state2[n] = "valid" => tags2[phys2[n]] = versions[n]
+        /\ state1[n] \in Readable => tags1[phys1[n]] = versions[n]
+        /\ state2[n] \in Readable => tags2[phys2[n]] = versions[n]
 
 (* D1 at the reads: compute of a batch that may run reads, for every token *)
 (* of each row, the tag last written there.                                *)
-D1_Reads == \A b \in BIds : ExecuteBatchOk(BatchH(b)) /\ KVReady(BatchH(b)) =>
+D1_Reads == \A b \in BIds : ExecuteBatchOk(BatchH(b)) /\ KVReady(BatchH(b)) /\ ReadsLanded(BatchH(b)) =>
         \A i \in DOMAIN batches[b].slots : \A j \in 1 .. batches[b].ends[i] - 1 :
             LET n == pages[batches[b].slots[i]][j] IN versions[n] # 0 => tags1[phys1[n]] = versions[n]
+
+(* F1: no page is left without a readable copy by a failed transfer: every *)
+(* live page name has a copy valid or dropping in some tier.               *)
+F1 == \A n \in Names : Exists(n) => state1[n] \in Readable \/ state2[n] \in Readable
+
+(* F2 (an action property): a step in which batches fail leaves what       *)
+(* compute would have written invisible: every row's token count, each row *)
+(* of a failed batch as it was before the first of them, every live page's *)
+(* versions, the tags every readable copy holds; no version tag is used    *)
+(* and no transfer started.                                                *)
+FailsNow == {b \in BIds : batches[b].state = "prepared" /\ batches'[b].state = "failed"}
+F2 == [][epoch' = epoch /\ FailsNow # {} =>
+           /\ numTokens' = numTokens
+           /\ \A b \in FailsNow : \A i \in DOMAIN batches[b].slots :
+                 LET s == batches[b].slots[i] IN
+                 (\A c \in FailsNow : c < b => s \notin Range(batches[c].slots))
+                    => pages'[s] = SubSeq(pages[s], 1, batches[b].startTokens[i])
+           /\ \A n \in Names : holders'[n] > 0 =>
+                 /\ versions'[n] = versions[n]
+                 /\ state1'[n] \in Readable => tags1'[phys1'[n]] = tags1[phys1'[n]]
+                 /\ state2'[n] \in Readable => tags2'[phys2'[n]] = tags2[phys2'[n]]
+           /\ nextVersion' = nextVersion
+           /\ nextTransfer' = nextTransfer]_vars
 
 (* Liveness: every started transfer completes (or is discarded by a        *)
 (* restart); every prepared batch is eventually executed or cancelled.     *)

@@ -11,6 +11,12 @@ everything `wait_completions` drains) are recorded first as explicit `CompleteTr
 steps, in the order the model completes them: in the spec those calls are enabled only
 once nothing they wait for is in flight.
 
+The environment's failures are steps too, when the model offers them: `fail_transfer`
+(FailTransfer), `fail_compute` (FailCompute) and `lose` (RuntimeLost). A call that
+raises `ComputeFailed` changed the state (the batches failed) and is recorded as a step
+taken, not as a failed call; while the model is lost every call but `restart` raises
+`RuntimeFault` and is a failed call (the spec's action is not enabled).
+
 `trace_module` turns many traces into one module `TraceCheck` whose initial state picks
 a trace and whose next-state relation replays it: a successful step must be the named
 action with the recorded arguments and lead to exactly the recorded state; a failed
@@ -42,6 +48,7 @@ from cacheruntime.protocol import (
     BatchPlan,
     CacheExtentRef,
     CacheRuntimeError,
+    ComputeFailed,
     Demote,
     Drop,
     PreparedBatchHandle,
@@ -73,6 +80,7 @@ class Bounds:
     # bounds of `Next` only: the trace check replays the recorded actions, whatever they carry
     PlanIntentKinds: frozenset[str] = frozenset({"Restore", "Backup", "Demote", "Drop"})
     MaxSubmitIntents: int = 2
+    Faults: bool = True
 
     def cfg_constants(self) -> str:
         return "\n".join(f"    {k} = {tla(v)}" for k, v in self.__dict__.items())
@@ -153,10 +161,10 @@ class Step:
 
 
 #: The variable groups of `tla/CacheRuntime.tla`, in the order of its `vars` tuple, each
-#: with its variables in the order of the group's tuple (`epoch` stands alone). Named as
-#: the model's record fields (spec/glossary.md); `project` gives one value per variable.
+#: with its variables in the order of the group's tuple. Named as the model's record
+#: fields (spec/glossary.md); `project` gives one value per variable.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("epoch", ("epoch",)),
+    ("runtimeVars", ("epoch", "lost")),
     ("requestVars", ("generation", "live", "pages", "numTokens")),
     ("pageVars", ("holders", "versions", "nextPage")),
     ("copyVars", ("state1", "phys1", "state2", "phys2")),
@@ -215,6 +223,7 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str
             transfers.append({"kind": t.kind.value, "pages": moves, "waitsFor": set(t.waits_for)})
     values = {
         "epoch": st.epoch,
+        "lost": bool(getattr(st, "lost", False)),
         "generation": f0(s.generation for s in st.slots),
         "live": f0(s.live for s in st.slots),
         "pages": f0(tuple(s.pages) for s in st.slots),
@@ -243,11 +252,22 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str
         "transfers": f0(transfers),
         "inflight": set(st.transfers),
         "nextTransfer": st.next_transfer,
-        "unreported": tuple(c.ticket.transfer_id for c in st.unreported),
+        "unreported": tuple({"transferId": c.ticket.transfer_id, "failure": failure(c)} for c in st.unreported),
     }
     assert set(values) == set(VARIABLES), "one value per variable of the spec"
-    grouped = [values[group] if group == "epoch" else tuple(values[v] for v in members) for group, members in GROUPS]
+    grouped = [tuple(values[v] for v in members) for _, members in GROUPS]
     return tla(tuple(grouped))
+
+
+def failure(completion) -> str:
+    """A completion's failure as the spec's word: "none" (landed) or the `TransferFailure` value."""
+    cause = getattr(completion, "failure", None)
+    return "none" if cause is None else cause.value
+
+
+def is_lost(model: ReferenceModel) -> bool:
+    """Whether the model's machinery is gone (RuntimeLost): every call but restart raises."""
+    return bool(getattr(model.state, "lost", False))
 
 
 def in_bounds(model: ReferenceModel, b: Bounds) -> bool:
@@ -286,6 +306,8 @@ class TraceRecorder:
         try:
             result = call(self.model)
             ok = True
+        except ComputeFailed as failed:  # committed: the batches failed
+            result, ok = failed, True
         except (CacheRuntimeError, ValueError) as error:
             result, ok = error, False
         if ok and not in_bounds(self.model, self.bounds):
@@ -317,15 +339,25 @@ class TraceRecorder:
         }
         return self._do("PrepareBatch", (arg,), lambda m: m.prepare_batch(plan))
 
-    def execute_batch(self, bh):
+    def _await_first(self, call) -> None:
+        """Record as CompleteTransfer steps the restores `call` (an execute) completes first (O1)."""
         probe = copy.deepcopy(self.model)
         before = len(probe.state.unreported)
         try:
-            probe.execute_batch(bh)
-            self._complete_first([c.ticket.transfer_id for c in probe.state.unreported[before:]])
-        except CacheRuntimeError:
+            call(probe)
+        except ComputeFailed:  # committed: the restores it waited for completed
             pass
+        except CacheRuntimeError:
+            return
+        self._complete_first([c.ticket.transfer_id for c in probe.state.unreported[before:]])
+
+    def execute_batch(self, bh):
+        self._await_first(lambda m: m.execute_batch(bh))
         return self._do("ExecuteBatch", (bref(bh),), lambda m: m.execute_batch(bh))
+
+    def fail_compute(self, bh):
+        self._await_first(lambda m: m.fail_compute(bh))
+        return self._do("FailCompute", (bref(bh),), lambda m: m.fail_compute(bh))
 
     def cancel_batch(self, bh):
         return self._do("CancelBatch", (bref(bh),), lambda m: m.cancel_batch(bh))
@@ -352,7 +384,7 @@ class TraceRecorder:
         return self._do("PollCompletions", (), lambda m: m.poll_completions())
 
     def wait_completions(self):
-        while self.model.state.transfers:
+        while self.model.state.transfers and not is_lost(self.model):
             before = len(self.steps)
             self._complete_first([self.model.completable()[0]])
             if len(self.steps) == before:
@@ -360,8 +392,9 @@ class TraceRecorder:
         return self._do("WaitCompletions", (), lambda m: m.wait_completions())
 
     def restart(self):
-        """The model drains in-flight transfers on restart: recorded as CompleteTransfer steps first."""
-        while self.model.state.transfers:
+        """The model drains in-flight transfers on restart: recorded as CompleteTransfer steps first
+        (a lost model abandons them instead)."""
+        while self.model.state.transfers and not is_lost(self.model):
             before = len(self.steps)
             self._complete_first([self.model.completable()[0]])
             if len(self.steps) == before:
@@ -370,6 +403,12 @@ class TraceRecorder:
 
     def complete_transfer(self, t):
         return self._do("CompleteTransfer", (t,), lambda m: m.complete_transfer(t))
+
+    def fail_transfer(self, t):
+        return self._do("FailTransfer", (t,), lambda m: m.fail_transfer(t))
+
+    def lose(self):
+        return self._do("RuntimeLost", (), lambda m: m.lose())
 
 
 # -- random traces -------------------------------------------------------------------
@@ -399,10 +438,13 @@ def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[
     ops = ["open"] * 10 + ["close"] * 5 + ["prepare"] * 22 + ["execute"] * 20 + ["cancel"] * 4 + ["publish"] * 12
     ops += ["split"] * 6 + ["retain"] * 3 + ["release"] * 6 + ["submit"] * 24 + ["poll"] * 4 + ["wait"] * 3
     ops += ["restart"] * 1 + ["complete"] * 18
+    # the environment's failures, where the model offers them
+    ops += ["fail_compute"] * 2 + ["fail_transfer"] * (5 if hasattr(rec.model, "fail_transfer") else 0)
+    ops += ["lose"] * (1 if hasattr(rec.model, "lose") else 0)
     guard = 0
     while len(rec.steps) < steps and guard < steps * 20:
         guard += 1
-        op = rng.choice(ops)
+        op = "restart" if is_lost(rec.model) and rng.random() < 0.5 else rng.choice(ops)
         if op == "open":
             ok, h = rec.open_request()
             if ok:
@@ -445,6 +487,8 @@ def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[
                 ok, x = rec.publish(h, first, count)
                 if ok:
                     extents.append(x)
+                    if rng.random() < 0.25:  # the row lets go: its extent may be demoted
+                        rec.close_request(h)
         elif op == "split":
             x = pick(extents, live_extents())
             if x:
@@ -478,6 +522,16 @@ def random_trace(seed: int, steps: int = 40, bounds: Bounds = Bounds()) -> list[
             ready = rec.model.completable()
             if ready:
                 rec.complete_transfer(rng.choice(ready))
+        elif op == "fail_transfer":
+            ready = rec.model.completable()
+            if ready:
+                rec.fail_transfer(rng.choice(ready))
+        elif op == "fail_compute" and batches:
+            st = rec.model.state
+            prepared = [b for b in batches if b.epoch == st.epoch and b.batch_id in st.batches]
+            rec.fail_compute(pick(batches, prepared, 0.1))
+        elif op == "lose" and not is_lost(rec.model):  # the spec's RuntimeLost needs a runtime not lost
+            rec.lose()
     return rec.steps
 
 
@@ -517,6 +571,9 @@ Do(e) ==
       [] e.op = "WaitCompletions" -> WaitCompletions
       [] e.op = "Restart" -> Restart
       [] e.op = "CompleteTransfer" -> CompleteTransfer(e.args[1])
+      [] e.op = "FailTransfer" -> FailTransfer(e.args[1])
+      [] e.op = "FailCompute" -> FailCompute(e.args[1])
+      [] e.op = "RuntimeLost" -> RuntimeLost
 
 Step(e) == IF e.ok THEN Do(e) /\ vars' = e.post
            ELSE ~(ENABLED Do(e)) /\ UNCHANGED vars
@@ -543,6 +600,8 @@ INVARIANT O1
 INVARIANT O2
 INVARIANT O3
 INVARIANT D1
+INVARIANT F1
+PROPERTY F2
 """
 
 

@@ -8,6 +8,10 @@ driver applies it to a copy and expects TLC to fail with exit code 12 or 13 and 
 invariant's name in the output. Any difference from the manifest, the state count
 included, fails the command.
 
+A model may also name actions that must be taken (`actions_taken`): TLC then runs with
+`-coverage` and the model fails unless each named action found at least one distinct
+state (how MCFaults.cfg shows that every failure action of the environment happens).
+
 Models are grouped: `ci` (the default run), `deep` (with `--deep`), `trace` (the
 model <-> spec trace check, see cacheruntime.tlatrace). The spec files are this checkout's,
 `--repo DIR`'s, or the copy in the wheel (cacheruntime.specfiles).
@@ -94,6 +98,23 @@ def parse_output(out: str, exit_code: int) -> tuple[str, int | None, int | None]
     return f"error:{first_error[:60]}", distinct, depth
 
 
+def action_coverage(out: str) -> dict[str, int]:
+    """Distinct states each action found, from TLC's `-coverage` report (`<Name line ...>: distinct:total`).
+
+    An action TLC reports more than once (one per disjunct of Next that names it) sums its counts.
+    """
+    found: dict[str, int] = {}
+    for name, distinct in re.findall(r"^<(\w+) line [^>]*>: (\d+):\d+$", out, re.MULTILINE):
+        found[name] = found.get(name, 0) + int(distinct)
+    return found
+
+
+def untaken(model: dict, out: str) -> list[str]:
+    """The model's `actions_taken` that found no distinct state in this run."""
+    coverage = action_coverage(out)
+    return [name for name in model.get("actions_taken", []) if coverage.get(name, 0) == 0]
+
+
 def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path = TLA_DIR, verbose: bool = False) -> Outcome:
     """Run one manifest model (applying its mutation, if any) and compare with the manifest."""
     name = model["name"]
@@ -128,11 +149,16 @@ def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path 
         ]
         if not model.get("check_deadlock", False):
             cmd.append("-deadlock")
+        if model.get("actions_taken"):
+            cmd += ["-coverage", "60"]  # reported once, at the end, for runs under an hour
         cmd.append(module)
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     seconds = time.monotonic() - started
     got, distinct, depth = parse_output(out, proc.returncode)
+    missing = untaken(model, out) if got == "pass" else []
+    if missing:
+        got = f"error:never taken: {', '.join(missing)}"
     if verbose or (got != expected):
         sys.stderr.write(f"--- TLC output for {name} ---\n{out[-4000:]}\n")
     pinned = model.get("distinct_states") if model.get("expect") == "pass" else None

@@ -27,7 +27,9 @@ def test_manifest_is_complete():
     names = [m["name"] for m in MANIFEST["models"]]
     assert len(names) == len(set(names))
     families = {m["invariant"][0] for m in MANIFEST["models"] if m["expect"] == "violation"}
-    assert {"H", "R", "O", "D"} <= families, "at least one mutant per invariant family"
+    assert {"H", "R", "O", "D", "F"} <= families, "at least one mutant per invariant family"
+    killed = {m["invariant"] for m in MANIFEST["models"] if m["expect"] == "violation"}
+    assert {"F1", "F2"} <= killed, "the failure invariants each kill a mutant"
     for m in MANIFEST["models"]:
         if m.get("kind") != "trace":
             assert (tlc.TLA_DIR / m["config"]).is_file()
@@ -45,6 +47,30 @@ def test_manifest_model(model):
         assert outcome.distinct >= 1000
     else:
         assert outcome.exit_code in (12, 13)
+
+
+def test_the_faults_model_takes_every_failure_action():
+    faults = next(m for m in MANIFEST["models"] if m["name"] == "faults")
+    assert {"FailTransfer", "FailCompute", "RuntimeLost"} <= set(faults["actions_taken"])
+    assert "Faults = TRUE" in (tlc.TLA_DIR / faults["config"]).read_text()
+    others = [m for m in CI_MODELS if m["expect"] == "pass" and m is not faults]
+    assert all("Faults = FALSE" in (tlc.TLA_DIR / m["config"]).read_text() for m in others), "the other models keep their cost"
+
+
+def test_an_action_never_taken_fails_the_model():
+    """TLC's coverage lines (as TLC 2.15 prints them for MCFaults.cfg): an action with no new
+    state, or none at all, is reported; counts of an action named twice add up."""
+    out = "\n".join(
+        [
+            "<WaitCompletions line 745, col 1 to line 745, col 15 of module CacheRuntime>: 0:5236",
+            "<FailTransfer line 834, col 1 to line 834, col 15 of module CacheRuntime (843 5 850 90)>: 1056:2656",
+            "<Next line 880, col 1 to line 880, col 4 of module CacheRuntime (894 8 894 74)>: 0:0",
+            "<Next line 880, col 1 to line 880, col 4 of module CacheRuntime (883 8 883 39)>: 64:838",
+        ]
+    )
+    assert tlc.action_coverage(out) == {"WaitCompletions": 0, "FailTransfer": 1056, "Next": 64}
+    model = {"actions_taken": ["FailTransfer", "WaitCompletions", "RuntimeLost"]}
+    assert tlc.untaken(model, out) == ["WaitCompletions", "RuntimeLost"]
 
 
 def test_default_model_is_big_enough():
@@ -84,8 +110,12 @@ def test_traces_of_the_model_follow_the_spec(traces):
         "WaitCompletions",
         "Restart",
         "CompleteTransfer",
+        "FailTransfer",
+        "FailCompute",
+        "RuntimeLost",
     }
     assert any(not s.ok for t in traces for s in t), "failed calls (stale handles, errors) are checked too"
+    assert any('"dropping"' in (s.post or "") for t in traces for s in t), "a write-back keeps a dropping copy (issue 17)"
     # the two paths where the runtime needs its journal: intents inside a plan, applied at
     # execute after compute, and a two-intent submit; each both succeeding and failing
     executed = _executions_with_plan_intents(traces)

@@ -108,9 +108,12 @@ class State:
     next_transfer: int
     next_version: int
     calls: dict
+    lost: bool
+    faults: tuple
+    doomed: frozenset
 
     def states(self):
-        return (CopyState.ABSENT, CopyState.FILLING, CopyState.VALID, Tier.L1,
+        return (CopyState.ABSENT, CopyState.FILLING, CopyState.VALID, CopyState.DROPPING, Tier.L1,
                 BatchState.PREPARED, BatchState.EXECUTED, BatchState.CANCELLED, BatchState.FAILED)
 
 
@@ -121,7 +124,8 @@ vocab_size = 97
 OPERATIONS = (
     "open_request close_request prepare_batch execute_batch cancel_batch publish split retain release submit "
     "poll_completions wait_completions restart complete_transfer close_slot check_origin check_generation "
-    "drop_holder free_phys take_phys new_pages new_extent start_transfer await_restores report unreserve fail_batches"
+    "drop_holder free_phys take_phys new_pages new_extent start_transfer await_restores report unreserve fail_batches "
+    "fail_transfer lose drop_or_keep_until_landed keep_dropping has_copy count_toward_fault"
 ).split()
 
 

@@ -27,6 +27,7 @@ import attrs
 
 from cacheruntime.conformance.target import Target
 from cacheruntime.protocol import CacheExtentRef, Capability, PreparedBatchHandle, RequestRuntimeHandle, RuntimeInfo
+from cacheruntime.runtime.device.deadstreams import StreamDead
 from cacheruntime.runtime.device.streams import Event, Stream, make_stream
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, suite_streams
 from cacheruntime.runtime.ledger import Numbering
@@ -179,22 +180,29 @@ class EagerFree(_Variant):
     """Completes every transfer whose device work is done before a call that frees pages (close, release,
     cancel), so it never defers a free it can do at once (§5: completion timing is the runtime's)."""
 
-    def complete_finished(self) -> None:
-        """Complete, in the ledger, the transfers the device has finished (their effects take place now)."""
+    def complete_finished(self, operation: str) -> None:
+        """Complete (or fail), in the ledger, the transfers the device has finished (their effects take place now)."""
+        self.check_machinery(operation)
         ledger = self.ledger
         if ledger.state.transfers:
-            ledger.complete_in_order(self.device_layer.done(list(ledger.state.transfers)))
+            try:
+                landed, failed = self.device_layer.done(list(ledger.state.transfers))
+            except StreamDead as dead:
+                fault = self.machinery_fault(dead)
+                assert fault is not None
+                raise fault from dead
+            ledger.complete_in_order(landed, failed)
 
     def close_request(self, request: RequestRuntimeHandle) -> None:
-        self.complete_finished()
+        self.complete_finished("close_request")
         super().close_request(request)
 
     def release(self, extent: CacheExtentRef) -> None:
-        self.complete_finished()
+        self.complete_finished("release")
         super().release(extent)
 
     def cancel_batch(self, batch: PreparedBatchHandle) -> None:
-        self.complete_finished()
+        self.complete_finished("cancel_batch")
         super().cancel_batch(batch)
 
 

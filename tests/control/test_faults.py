@@ -17,7 +17,7 @@ from cacheruntime.control.scheduler import MAX_STEP_CALLS, Scheduler
 from cacheruntime.control.tree import TreeCore, WritePolicy
 from cacheruntime.control.workload import SyntheticConfig, synthetic
 from cacheruntime.model import ReferenceModel
-from cacheruntime.protocol import BatchItem, BatchPlan, Close, CopyState, FaultKind, Publish
+from cacheruntime.protocol import BatchItem, BatchPlan, Close, CopyState, FaultKind, Publish, TransferKind
 
 PS = 4
 
@@ -80,6 +80,31 @@ def test_scheduler_on_the_model_under_failed_transfers_and_compute(policy, seed)
     tree_matches_runtime(scheduler.tree, model)
 
 
+def test_a_prepare_that_meets_a_restore_failed_since_planning_is_given_up_and_retried():
+    """Half the restores fail right after the step that started them: a plan built before the
+    scheduler polled that failure attaches the node as resident and prepare refuses it
+    (NotResident); the plan is undone, the node restored again by a later one."""
+    model = ReferenceModel(page_size=PS, max_requests=4, max_request_tokens=128, l1_pages=40, l2_pages=64)
+    rng = random.Random(4)
+
+    def on_step(_scheduler):
+        while model.completable():
+            kinds = {t.transfer_id: t.kind for t in model.probe().transfers}
+            for transfer in model.completable():
+                if kinds[transfer] is TransferKind.RESTORE and rng.random() < 0.5:
+                    model.fail_transfer(transfer)
+                else:
+                    model.complete_transfer(transfer)
+        model.check_invariants()
+
+    source = synthetic(SyntheticConfig(requests=30, seed=4, arrival_gap=0))
+    scheduler = Scheduler(model, source, write_policy=WritePolicy.WRITE_BACK)
+    stats = scheduler.run(on_step=on_step)
+    assert stats.unresident_prepares > 0 and stats.failed_restores > 0
+    assert stats.turns_served + stats.turns_abandoned + stats.turns_never_started == source.total
+    tree_matches_runtime(scheduler.tree, model)
+
+
 def test_a_failed_write_back_backup_leaves_the_node_on_l1_and_not_on_l2():
     """The demote that rode with the backup is undone: the tree has the node resident again."""
     model = ReferenceModel(page_size=PS, max_requests=4, max_request_tokens=64, l1_pages=32, l2_pages=32)
@@ -109,7 +134,11 @@ def run_job(tmp_path, *args):
 
 @pytest.mark.parametrize("policy", list(WritePolicy))
 def test_job_under_injected_faults_serves_correct_tokens(tmp_path, policy):
-    """The CI-sized soak on LocalGPURuntime: high fault rates, 0 mismatches among the served tokens."""
+    """The CI-sized soak on LocalGPURuntime: high fault rates, 0 mismatches among the served tokens.
+
+    Seed 3 arms the first backup, restore and compute faults at the 9th, 23rd and 41st of
+    their kind, well inside this run whatever the threads' timing: each kind fires.
+    """
     code, summary = run_job(tmp_path, "--transfer-fault-rate", "0.2", "--compute-fault-rate", "0.05", "--write-policy", policy.value, "--seed", "3")
     print(json.dumps(summary))
     assert code == 0 and summary["output_check"] == "reference_next_token" and summary["output_mismatches"] == 0
@@ -143,18 +172,20 @@ def test_fault_soak(tmp_path):
     """The fault soak of issue 17, item 7: faults in about 1 of 1,000 transfers and 1 of 10,000
     computes over at least 100,000 boundary operations; every served token checked (D1).
 
-    Run it (about 8 minutes on a loaded 2-core machine)::
+    Two request slots, so that most steps carry one or two items: the boundary operations
+    (three a step) grow faster than the tokens the output check recomputes. Run it (about
+    5 minutes on a loaded 2-core machine)::
 
         PYTHONPATH=src python -m pytest -q -s -m slow tests/control/test_faults.py::test_fault_soak
 
     or the job itself::
 
-        cacheruntime run --quiet --requests 9000 --turns 4 --new-tokens 8 16 --l1-pages 48 \\
+        cacheruntime run --quiet --requests 4200 --turns 4 --new-tokens 8 16 --l1-pages 48 --max-requests 2 \\
             --transfer-fault-rate 0.001 --compute-fault-rate 0.0001 --seed 7 --json soak.json
     """
     code, summary = run_job(
         tmp_path,
-        *("--requests", "9000", "--turns", "4", "--new-tokens", "8", "16", "--l1-pages", "48"),
+        *("--requests", "4200", "--turns", "4", "--new-tokens", "8", "16", "--l1-pages", "48", "--max-requests", "2"),
         *("--transfer-fault-rate", "0.001", "--compute-fault-rate", "0.0001", "--seed", "7"),
     )
     print(json.dumps(summary, indent=1))

@@ -199,6 +199,7 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
         "boundary_calls": dict(sorted(calls.items())),
         "boundary_operations": sum(calls.values()),
         "out_of_pages_retries": stats.out_of_pages,
+        "transfers": {"backups": stats.backups, "restores": stats.restores},
         "faults_seen": {
             "failed_backups": stats.failed_backups,
             "failed_restores": stats.failed_restores,

@@ -124,6 +124,8 @@ class Stats:
     compute_failures: int = 0  # ComputeFailed raised by execute_batch
     failed_batches: int = 0  # batches ComputeFailed named (the executed one and its dependents)
     cancelled_batches: int = 0  # prepared batches cancelled because they read a failed restore
+    backups: int = 0  # backup completions that moved pages, landed or failed
+    restores: int = 0  # restore completions that moved pages, landed or failed
     failed_backups: int = 0  # backup completions with `failure` set
     failed_restores: int = 0  # restore completions with `failure` set
     unresident_prepares: int = 0  # prepares refused (NotResident) over a restore failed since planning
@@ -504,6 +506,9 @@ class Scheduler:
         failed_restores = self.tree.transfers_done(completions)
         for done in completions:
             restore = done.ticket.kind is TransferKind.RESTORE
+            if done.ticket.page_count:
+                self.stats.restores += restore
+                self.stats.backups += not restore
             if done.failure is not None:
                 self.stats.failed_restores += restore
                 self.stats.failed_backups += not restore

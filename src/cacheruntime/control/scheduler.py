@@ -66,10 +66,10 @@ TREE_AND_REQUEST_CALLS = frozenset({"open_request", "close_request", "publish", 
 #: under faults one more poll (a prepare that met a restore failed since its plan was
 #: built) and one cancel (the batch ahead reads a restore the poll reported failed).
 MAX_STEP_CALLS = 12
-#: How often one turn's items may fail (or be cancelled over a failed restore) before the
-#: turn is abandoned. Each retry recomputes at most one batch of the turn; a fault hits a
-#: batch with the rate of its faults, so a turn hit four times in a row points at a fault
-#: that retrying does not cure, and the job must still finish.
+#: How often one turn's items may fail (or be cancelled over a failed restore), in all,
+#: before the turn is abandoned. Each retry recomputes at most one batch of the turn; at
+#: the rates of independent faults a fourth failure of one turn is rare, and more likely
+#: a fault that retrying does not cure: the job must still finish.
 MAX_TURN_RETRIES = 3
 
 

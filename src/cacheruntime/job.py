@@ -207,6 +207,7 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
             "failed_batches": stats.failed_batches,
             "cancelled_batches": stats.cancelled_batches,
             "unresident_prepares": stats.unresident_prepares,
+            "ladders_undone": stats.ladders_undone,
         },
         **(faults or {}),
         "output_check": check,

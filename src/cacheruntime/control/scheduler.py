@@ -19,7 +19,10 @@ so control undoes its own planning of them and retries their turns: a turn that 
 prefilling goes back to the front of the queue (its row is closed and matched afresh), a
 decoding turn plans the same item again (its row is as before the batch). A prepared batch
 that reads a restore reported failed is cancelled and retried the same way rather than
-executed to fail. A turn retried more than `MAX_TURN_RETRIES` times is abandoned: its row
+executed to fail. Undone intents go back to the tree in the order they were taken, since
+a later plan's `Backup` may count on the host pages an earlier plan's `Release` frees: so
+when a batch fails, the batch prepared after it is cancelled and undone too (its turns
+are not charged a retry), and so is a plan being prepared on the failed batch's outcome. A turn retried more than `MAX_TURN_RETRIES` times is abandoned: its row
 is closed and its follow-ups never arrive. Failed transfers are the tree's to take in
 (`TreeCore.transfers_done`).
 """
@@ -129,6 +132,7 @@ class Stats:
     failed_backups: int = 0  # backup completions with `failure` set
     failed_restores: int = 0  # restore completions with `failure` set
     unresident_prepares: int = 0  # prepares refused (NotResident) over a restore failed since planning
+    ladders_undone: int = 0  # plans given up for a step because backups failed under the page ladder
 
 
 class _Running:
@@ -170,7 +174,7 @@ class _Batch:
     acquired: list[Acquired]
     admitted: list[_Running] = field(default_factory=list)  # requests this batch prefills
     handle: PreparedBatchHandle | None = None
-    failed: bool = False  # ComputeFailed named it: it had no effect
+    undone: bool = False  # it failed or was cancelled: it had no effect, its planning is undone
 
     @property
     def attached(self) -> set[int]:
@@ -240,7 +244,7 @@ class Scheduler:
                 batch.handle = handle
                 for acquired in batch.acquired:
                     self.tree.unpin(acquired)
-        if self.ahead is not None and self._execute_ahead(batch) and batch is not None and batch.failed:
+        if self.ahead is not None and self._execute_ahead(later=batch) and batch is not None and batch.undone:
             batch = None
         self.ahead = batch
         failed_restores = self._account(self.runtime.poll_completions())
@@ -332,10 +336,12 @@ class Scheduler:
 
         None when the batch is given up and its planning undone: the batch ahead it was
         planned after failed, or it attaches an extent whose restore failed after it was
-        planned (NotResident; the tree has it host-only again once it took in that failure).
+        planned (NotResident; the tree has it host-only again once it took in that failure),
+        or the ladder ran out because backups under it failed (their nodes stayed on L1).
         """
         ladder = ["execute ahead"] if self.ahead is not None else []
         ladder += ["evict now", "evict now"]  # the second pass takes what the first one's wait unblocked
+        failed_backups = self.stats.failed_backups
         while True:
             try:
                 handle: PreparedBatchHandle = self.runtime.prepare_batch(batch.plan)
@@ -345,20 +351,26 @@ class Scheduler:
                 if not self._restores_failed_since_planning(batch, failed_restores):
                     raise
                 self.stats.unresident_prepares += 1
-                self._undo([batch], prepared=False)
+                self._undo([batch], started=False, retried=False)
                 return None
             except OutOfPages as error:
                 if error.tier is not Tier.L1:
                     raise
                 self.stats.out_of_pages += 1
+                if not ladder and self.stats.failed_backups > failed_backups:
+                    # A failed write-back backup put its demoted node back on L1: give the plan
+                    # up for this step; the next one evicts again (each backup fails with the
+                    # fault's rate, so the retries end; at a rate of 1 they do not).
+                    self.stats.ladders_undone += 1
+                    self._undo([batch], started=False, retried=False)
+                    return None
                 if not ladder:
                     raise SchedulerStuck(
                         f"L1 still short after evicting everything unlocked: needs {error.needed}, has {error.free}; "
                         f"running rows {sum(r.row_pages for r in self.running)} pages, locked tree pages {self.tree.locked_pages()}"
                     ) from error
                 if ladder.pop(0) == "execute ahead":
-                    if self._execute_ahead():
-                        self._undo([batch], prepared=False)  # planned after the failed batch, on its outcome
+                    if self._execute_ahead(unprepared=batch):
                         return None
                 else:
                     self._evict_now(batch, error.needed - error.free)
@@ -370,8 +382,10 @@ class Scheduler:
             not node.l1 for acquired in batch.acquired for node in acquired.pinned if node.ref.generation not in restored
         )
 
-    def _execute_ahead(self, later: _Batch | None = None) -> bool:
-        """Execute the batch ahead; on ComputeFailed undo it and `later` if named too. Whether it failed."""
+    def _execute_ahead(self, *, later: _Batch | None = None, unprepared: _Batch | None = None) -> bool:
+        """Execute the batch ahead. Whether it failed (ComputeFailed): then it is undone, and
+        so are the batch prepared `later` (cancelled unless the failure named it too) and the
+        plan being prepared (`unprepared`), newest first (module docstring: Failure)."""
         batch, self.ahead = self.ahead, None
         assert batch is not None and batch.handle is not None, "called only with a prepared batch ahead"
         try:
@@ -383,9 +397,14 @@ class Scheduler:
                 raise AssertionError(f"ComputeFailed names batches {sorted(named)}; control has prepared only {batch.handle.batch_id} and later") from failure
             self.stats.compute_failures += 1
             self.stats.failed_batches += len(failed)
-            for b in failed:
-                b.failed = True
-            self._undo(failed, prepared=True)
+            if unprepared is not None:
+                self._undo([unprepared], started=False, retried=False)
+            if later is not None and all(later is not b for b in failed):
+                assert later.handle is not None, "a later batch is prepared"
+                self.runtime.cancel_batch(later.handle)
+                self.stats.cancelled_batches += 1
+                self._undo([later], started=True, retried=False)
+            self._undo(failed, started=True, retried=True)
             return True
         self.stats.batches += 1
         self._complete(batch, completion)
@@ -397,22 +416,23 @@ class Scheduler:
         assert batch is not None and batch.handle is not None, "called only with a prepared batch ahead"
         self.runtime.cancel_batch(batch.handle)
         self.stats.cancelled_batches += 1
-        self._undo([batch], prepared=True)
+        self._undo([batch], started=True, retried=True)
 
-    def _undo(self, batches: list[_Batch], *, prepared: bool) -> None:
-        """Undo control's planning of `batches` (newest first), none of which had any effect.
+    def _undo(self, batches: list[_Batch], *, started: bool, retried: bool) -> None:
+        """Undo control's planning of `batches`, none of which had any effect; newest first,
+        and newer than any undone later (each returns its intents ahead of the newer ones').
 
-        `prepared`: they were prepared, then failed or were cancelled (their restores were
-        started and go on; their turns are retried); else they never reached the runtime
-        (their restores never started; their turns were not at fault and are not counted
-        as retried). Intents go back to the tree's outbox; decode items are planned again;
-        a prefilling turn's row is closed and the turn goes back to the front of the queue.
+        `started`: they were prepared, so their restores started and go on; else they never
+        reached the runtime. `retried`: their turns were hit by the fault and are charged a
+        retry (abandoned past MAX_TURN_RETRIES). Decode items are planned again; a
+        prefilling turn's row is closed and the turn goes back to the front of the queue.
         """
         touched: list[_Running] = []
         prefilling: set[int] = set()
         for batch in batches:
+            batch.undone = True
             self.tree.return_intents(batch.tree_intents)
-            if not prepared:
+            if not started:
                 for acquired in batch.acquired:
                     self.tree.withdraw(acquired)
             for r, first, _ in batch.publishes:
@@ -425,8 +445,8 @@ class Scheduler:
                     touched.append(r)
         requeue = []
         for r in touched:
-            retries = self.retries[r.spec.request_id] + int(prepared)
-            if prepared:
+            retries = self.retries[r.spec.request_id] + int(retried)
+            if retried:
                 self.retries[r.spec.request_id] = retries
                 self.stats.retries += 1
                 self.stats.turns_retried += retries == 1

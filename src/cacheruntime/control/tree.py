@@ -459,15 +459,18 @@ class TreeCore:
     def return_intents(self, intents: Iterable[TreeIntent]) -> None:
         """The plan carrying `intents` failed or was never prepared: none of them applied, so
         each goes back to the outbox as it was before `take_intents` (a `Release` whose node
-        left the tree at take is sent again; a `Demote` is cancellable again)."""
-        for intent in intents:
+        left the tree at take is sent again; a `Demote` is cancellable again), ahead of what
+        was queued since: a `Backup` queued since may count on the host pages a returned
+        `Release` frees."""
+        returned = list(intents)
+        self.outbox[:0] = returned
+        for intent in returned:
             node = self.by_generation.get(intent.extent.generation)
             if node is not None and not isinstance(intent, Release):
                 node.in_flight -= 1
                 if isinstance(intent, Demote):
                     node.demoting = False
                     node.queued = intent
-            self.outbox.append(intent)
 
     def intents_applied(self, intents: Iterable[Intent]) -> None:
         """The batch (or submit) carrying `intents` executed: demoted nodes may be matched again."""

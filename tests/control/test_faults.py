@@ -55,29 +55,59 @@ def tree_matches_runtime(tree, model):
     assert tree.l2_used == sum(n.pages for n in tree.nodes()[1:] if n.l2)
 
 
-@pytest.mark.parametrize("policy", list(WritePolicy))
-@pytest.mark.parametrize("seed", [1, 2])
-def test_scheduler_on_the_model_under_failed_transfers_and_compute(policy, seed):
-    """Failures on every path: every turn is served or abandoned, and the model's invariants hold after every step."""
-    model = ReferenceModel(page_size=PS, max_requests=4, max_request_tokens=128, l1_pages=40, l2_pages=64)
+def serve_under_faults(seed, policy, l1_pages):
+    """30 turns on the model with failures everywhere, seeded: compute faults and some backup
+    and restore faults injected (they also strike inside wait_completions and execute), and
+    every transfer the environment finishes fails with a rate of 10-30%."""
+    model = ReferenceModel(page_size=PS, max_requests=4, max_request_tokens=128, l1_pages=l1_pages, l2_pages=48)
     rng = random.Random(seed)
     for kind, count, gap in ((FaultKind.COMPUTE, 12, 12), (FaultKind.BACKUP, 4, 8), (FaultKind.RESTORE, 4, 4)):
-        position = 0  # also where the environment does not act: inside wait_completions and execute
+        position = 0
         for _ in range(count):  # each injection counts from now: seeded increasing positions
             position += rng.randint(1, gap)
             model.inject_fault(kind, position)
-    source = synthetic(SyntheticConfig(requests=30, seed=seed))
+    source = synthetic(SyntheticConfig(requests=30, seed=seed, arrival_gap=seed % 3))
     scheduler = Scheduler(model, source, write_policy=policy)
-    stats = scheduler.run(on_step=faulty_environment(model, rng, transfer_rate=0.15))
-    print(f"seed {seed} {policy.value}: {stats}")
+    stats = scheduler.run(on_step=faulty_environment(model, rng, transfer_rate=0.1 + 0.1 * (seed % 3)))
     model.check_invariants()
     assert stats.turns_served + stats.turns_abandoned + stats.turns_never_started == source.total == 30
     assert not scheduler.running and not scheduler.waiting and not scheduler.retries
-    assert stats.failed_backups and stats.failed_restores and stats.compute_failures and stats.retries
-    assert stats.turns_served > stats.turns_abandoned
     assert max(stats.step_calls) <= MAX_STEP_CALLS
     assert all(not slot.live for slot in model.probe().slots)  # every turn's row was closed, served or not
     tree_matches_runtime(scheduler.tree, model)
+    return stats
+
+
+#: Seeds 15, 25 (write-through) and 20 (write-back) found, in the slow sweep below, undone
+#: intents returned behind newer ones (L2 OutOfPages at execute) and a page ladder defeated
+#: by failed backups (SchedulerStuck).
+CASES = [
+    (1, WritePolicy.WRITE_THROUGH, 40),
+    (2, WritePolicy.WRITE_BACK, 40),
+    (15, WritePolicy.WRITE_THROUGH, 40),
+    (25, WritePolicy.WRITE_THROUGH, 64),
+    (20, WritePolicy.WRITE_BACK, 32),
+]
+
+
+@pytest.mark.parametrize(("seed", "policy", "l1_pages"), CASES)
+def test_scheduler_on_the_model_under_failed_transfers_and_compute(seed, policy, l1_pages):
+    """Failures on every path: every turn is served or abandoned, the model's invariants hold
+    after every step, and the tree's beliefs match the copies at the end."""
+    stats = serve_under_faults(seed, policy, l1_pages)
+    print(f"seed {seed} {policy.value} L1 {l1_pages}: {stats}")
+    assert stats.failed_backups + stats.failed_restores and stats.compute_failures and stats.retries  # seeds 1, 2: both kinds
+    assert stats.turns_served > stats.turns_abandoned
+
+
+@pytest.mark.slow
+def test_scheduler_fault_sweep_on_the_model():
+    """342 seeded runs of the above (seeds 3-59, both policies, L1 of 32, 40 and 64 pages;
+    about 2 minutes): PYTHONPATH=src python -m pytest -q -m slow tests/control/test_faults.py -k sweep"""
+    for seed in range(3, 60):
+        for policy in WritePolicy:
+            for l1_pages in (32, 40, 64):
+                serve_under_faults(seed, policy, l1_pages)
 
 
 def test_a_prepare_that_meets_a_restore_failed_since_planning_is_given_up_and_retried():

@@ -9,19 +9,115 @@ summary says how many differ, and the job fails if any does.
 `--runtime model` runs the same control on the reference model (no torch): its tokens
 are tag digests, so the output check is the model's invariants (D1 on copies among them)
 after every step, and the model's transfers complete at the end of each step.
+
+`--transfer-fault-rate P` and `--compute-fault-rate P` make about that share of the
+transfers (backups and restores that move a page) and of the computes fail on
+LocalGPURuntime (FAULT_INJECTION, `FaultInjector`); control retries the turns they hit
+(issue 17, item 7). The summary reports the faults injected and seen, and the turns
+served, retried and abandoned; the output check covers every token served.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import random
 import sys
 import time
+from collections import Counter
+from typing import Any
 
 from cacheruntime.cliargs import input_file, output_file, positive_int
 from cacheruntime.control.scheduler import MAX_STEP_CALLS, STEP_CALLS, Scheduler, Stats
 from cacheruntime.control.tree import WritePolicy
 from cacheruntime.control.workload import SyntheticConfig, read_trace, synthetic
+from cacheruntime.protocol import ComputeFailed, FaultKind, TransferCompletion
+
+
+def fault_rate(text: str) -> float:
+    """A share of operations that fail: a number from 0 (none) to 1 (every one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rate between 0 and 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a rate between 0 and 1, got {text}")
+    return value
+
+
+class FaultInjector:
+    """A runtime seen through an injector that keeps one fault of each kind pending on it.
+
+    Each pending fault picks the `nth` operation of its kind from the moment it is injected,
+    `nth` drawn from the geometric distribution of rate P (seeded): the number of trials up
+    to the first failure when each fails with probability P. When it is seen to have fired
+    (a failed completion of its kind, or `ComputeFailed` raised by the injected runner
+    error), the next one is drawn and injected. The geometric distribution is memoryless,
+    so a fresh draw at any moment makes every operation from then on fail with
+    probability P, independently: the operations between a copy's failure and its report
+    (a poll later) are merely fault-free, so the realized transfer rate is a little under P.
+    Re-arming on sight rather than pre-injecting every fault keeps one pending injection per
+    kind, whatever the length of the run. A compute that fails because a restore it reads
+    failed does not spend the pending compute fault (the runtime does not count it), hence
+    the check of the error's cause. Each fault's site (spec/faults.md) is drawn too.
+    """
+
+    def __init__(self, runtime: Any, *, transfer_rate: float, compute_rate: float, seed: int):
+        from cacheruntime.runtime.device.layer import COMPUTE_FAULT_SITES, COPY_FAULT_SITES, InjectedFault
+
+        self._runtime = runtime
+        self._rng = random.Random(f"fault-injection/{seed}")
+        self._rates = {FaultKind.BACKUP: transfer_rate, FaultKind.RESTORE: transfer_rate, FaultKind.COMPUTE: compute_rate}
+        self._sites = {FaultKind.BACKUP: COPY_FAULT_SITES, FaultKind.RESTORE: COPY_FAULT_SITES, FaultKind.COMPUTE: COMPUTE_FAULT_SITES}
+        self._injected_error = InjectedFault
+        self.fired: Counter[str] = Counter()  # faults that struck, by kind
+        for kind in self._rates:
+            self._arm(kind)
+
+    def _arm(self, kind: FaultKind) -> None:
+        rate = self._rates[kind]
+        if rate == 0:
+            return
+        u = 1.0 - self._rng.random()  # in (0, 1]
+        nth = 1 if rate == 1 else 1 + int(math.log(u) / math.log1p(-rate))
+        self._runtime.inject_fault(kind, nth, site=self._rng.choice(self._sites[kind]))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+    def execute_batch(self, batch: Any) -> Any:
+        try:
+            return self._runtime.execute_batch(batch)
+        except ComputeFailed as failure:
+            if isinstance(failure.__cause__, self._injected_error):
+                self.fired[FaultKind.COMPUTE.value] += 1
+                self._arm(FaultKind.COMPUTE)
+            raise
+
+    def poll_completions(self) -> tuple[TransferCompletion, ...]:
+        return self._seen(self._runtime.poll_completions())
+
+    def wait_completions(self) -> tuple[TransferCompletion, ...]:
+        return self._seen(self._runtime.wait_completions())
+
+    def _seen(self, completions: tuple[TransferCompletion, ...]) -> tuple[TransferCompletion, ...]:
+        for done in completions:
+            if done.failure is not None:  # on this CPU runtime only an injected fault fails a copy
+                kind = FaultKind(done.ticket.kind.value)
+                self.fired[kind.value] += 1
+                self._arm(kind)
+        return completions
+
+
+def _rss_kib() -> int | None:
+    """This process's resident set size now (Linux /proc), for the soak's memory figures."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=positive_int, default=36, help="synthetic: number of requests (turns)")
     parser.add_argument("--turns", type=positive_int, default=3, help="synthetic: turns per conversation")
     parser.add_argument("--new-tokens", type=int, nargs=2, default=(4, 10), metavar=("MIN", "MAX"), help="synthetic: tokens generated per turn")
-    parser.add_argument("--seed", type=int, default=0, help="synthetic workload and model weights")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic workload, model weights and fault injection")
     parser.add_argument("--page-size", type=positive_int, default=4, help="tokens per KV page")
     parser.add_argument("--l1-pages", type=positive_int, default=64, help="device pool pages (small, to force eviction to L2)")
     parser.add_argument("--l2-pages", type=positive_int, default=512, help="host pool pages")
@@ -42,6 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-tokens", type=positive_int, default=256, help="tokens one request row can hold")
     parser.add_argument("--write-policy", choices=[p.value for p in WritePolicy], default=WritePolicy.WRITE_THROUGH.value)
     parser.add_argument("--max-prefill-tokens", type=positive_int, default=256, help="prompt tokens computed per batch")
+    parser.add_argument("--transfer-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of backups and restores made to fail (LocalGPURuntime)")
+    parser.add_argument("--compute-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of computes made to fail (LocalGPURuntime)")
     parser.add_argument("--json", type=output_file, metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -70,12 +168,18 @@ def _runtime(args: argparse.Namespace):
     return local(device=args.device, runner=args.runner, config=config, seed=args.seed, **sizes), config.vocab
 
 
-def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: int, check: str, seconds: float) -> dict:
-    """The job's result: what was served, where prefixes came from, what crossed the boundary."""
+def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: int, check: str, seconds: float, faults: dict[str, Any] | None = None) -> dict:
+    """The job's result: what was served, where prefixes came from, what crossed the boundary,
+    and (`faults`: injected, turns, memory) what the faults did."""
     steps = max(stats.steps, 1)
     batch_calls = sum(n for op, n in calls.items() if op in STEP_CALLS)
     return {
         "requests": stats.requests,
+        "turns_served": stats.turns_served,
+        "turns_retried": stats.turns_retried,
+        "retries": stats.retries,
+        "turns_abandoned": stats.turns_abandoned,
+        "turns_never_started": stats.turns_never_started,
         "tokens": stats.generated_tokens,
         "prompt_tokens": stats.prompt_tokens,
         "computed_prompt_tokens": stats.computed_prompt_tokens,
@@ -93,7 +197,19 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
         "boundary_calls_per_batch_bound": MAX_STEP_CALLS,
         "boundary_calls_per_request": round(sum(n for op, n in calls.items() if op not in STEP_CALLS) / max(stats.requests, 1), 3),
         "boundary_calls": dict(sorted(calls.items())),
+        "boundary_operations": sum(calls.values()),
         "out_of_pages_retries": stats.out_of_pages,
+        "transfers": {"backups": stats.backups, "restores": stats.restores},
+        "faults_seen": {
+            "failed_backups": stats.failed_backups,
+            "failed_restores": stats.failed_restores,
+            "compute_failures": stats.compute_failures,
+            "failed_batches": stats.failed_batches,
+            "cancelled_batches": stats.cancelled_batches,
+            "unresident_prepares": stats.unresident_prepares,
+            "ladders_undone": stats.ladders_undone,
+        },
+        **(faults or {}),
         "output_check": check,
         "output_mismatches": mismatches,
         "seconds": round(seconds, 3),
@@ -101,6 +217,10 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
 
 
 def main(args: argparse.Namespace) -> int:
+    faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0
+    if faulty and args.runtime != "local":
+        print("cacheruntime run: --transfer-fault-rate and --compute-fault-rate need --runtime local", file=sys.stderr)
+        return 2
     runtime, vocab = _runtime(args)
     source = (
         read_trace(args.trace)
@@ -122,14 +242,16 @@ def main(args: argparse.Namespace) -> int:
         check = "model invariants after every step"
         on_token = None
 
+    injector = FaultInjector(runtime, transfer_rate=args.transfer_fault_rate, compute_rate=args.compute_fault_rate, seed=args.seed) if faulty else None
     scheduler = Scheduler(
-        runtime,
+        injector or runtime,
         source,
         write_policy=WritePolicy(args.write_policy),
         max_prefill_tokens=args.max_prefill_tokens,
         on_token=on_token,
     )
     started = time.perf_counter()
+    rss_start = _rss_kib()  # torch, the model and the pools are loaded: what the run adds is the run's
 
     def on_step(s: Scheduler) -> None:
         nonlocal mismatches
@@ -157,7 +279,16 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if hasattr(runtime, "close"):  # LocalGPURuntime's stream workers
             runtime.close()
-    result = summary(stats, dict(scheduler.runtime.calls), scheduler.info.page_bytes, mismatches, check, time.perf_counter() - started)
+    turns = getattr(source, "total", None)
+    faults = {
+        "transfer_fault_rate": args.transfer_fault_rate,
+        "compute_fault_rate": args.compute_fault_rate,
+        "faults_injected": {kind.value: injector.fired[kind.value] if injector else 0 for kind in (FaultKind.BACKUP, FaultKind.RESTORE, FaultKind.COMPUTE)},
+        "turns": turns,
+        "rss_kib_start": rss_start,
+        "rss_kib_end": _rss_kib(),
+    }
+    result = summary(stats, dict(scheduler.runtime.calls), scheduler.info.page_bytes, mismatches, check, time.perf_counter() - started, faults)
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")

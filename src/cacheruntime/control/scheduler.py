@@ -12,6 +12,19 @@ final length, plus the pages locks pin, fit L1: then evicting every unlocked tre
 always makes room, so `OutOfPages` is a wait, never a deadlock. It is handled by a fixed
 ladder: execute the batch ahead (its intents free pages), then apply the pending tree
 intents at once and wait for the transfers that defer frees, then retry.
+
+Failure (spec/protocol.md §4.5, §5.3). A batch whose compute fails raises `ComputeFailed`
+naming it and every later prepared batch sharing a request; none of them had any effect,
+so control undoes its own planning of them and retries their turns: a turn that was
+prefilling goes back to the front of the queue (its row is closed and matched afresh), a
+decoding turn plans the same item again (its row is as before the batch). A prepared batch
+that reads a restore reported failed is cancelled and retried the same way rather than
+executed to fail. Undone intents go back to the tree in the order they were taken, since
+a later plan's `Backup` may count on the host pages an earlier plan's `Release` frees: so
+when a batch fails, the batch prepared after it is cancelled and undone too (its turns
+are not charged a retry), and so is a plan being prepared on the failed batch's outcome. A turn retried more than `MAX_TURN_RETRIES` times is abandoned: its row
+is closed and its follow-ups never arrive. Failed transfers are the tree's to take in
+(`TreeCore.transfers_done`).
 """
 
 from __future__ import annotations
@@ -21,20 +34,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cacheruntime.control.tree import Acquired, Node, TreeCore, WritePolicy
+from cacheruntime.control.tree import Acquired, Node, TreeCore, TreeIntent, WritePolicy
 from cacheruntime.control.workload import RequestSpec, Source
 from cacheruntime.protocol import (
+    Backup,
     BatchCompletion,
     BatchItem,
     BatchPlan,
     Capability,
     Close,
+    ComputeFailed,
+    Demote,
     Intent,
+    NotResident,
     OutOfPages,
     PreparedBatchHandle,
     Publish,
     Release,
     RequestRuntimeHandle,
+    Restore,
     RuntimeInfo,
     RuntimeInterface,
     Tier,
@@ -47,8 +65,15 @@ STEP_CALLS = frozenset({"info", "prepare_batch", "execute_batch", "cancel_batch"
 #: Calls made per request (open) or per tree operation (split, release outside a plan).
 TREE_AND_REQUEST_CALLS = frozenset({"open_request", "close_request", "publish", "split", "retain", "release"})
 #: The most step calls one step can make: 4 prepares (first try and three retries), one
-#: execute for the batch ahead, two evict-now passes of one submit and one wait, one poll.
-MAX_STEP_CALLS = 10
+#: execute for the batch ahead, two evict-now passes of one submit and one wait, one poll;
+#: under faults one more poll (a prepare that met a restore failed since its plan was
+#: built) and one cancel (the batch ahead reads a restore the poll reported failed).
+MAX_STEP_CALLS = 12
+#: How often one turn's items may fail (or be cancelled over a failed restore), in all,
+#: before the turn is abandoned. Each retry recomputes at most one batch of the turn; at
+#: the rates of independent faults a fourth failure of one turn is rare, and more likely
+#: a fault that retrying does not cure: the job must still finish.
+MAX_TURN_RETRIES = 3
 
 
 class BoundaryCounter:
@@ -94,14 +119,28 @@ class Stats:
     steps: int = 0
     out_of_pages: int = 0
     step_calls: Counter[int] = field(default_factory=Counter)  # calls in a step -> how many steps
+    turns_served: int = 0  # turns that ran to their Close
+    turns_abandoned: int = 0  # turns given up after MAX_TURN_RETRIES retries
+    turns_never_started: int = 0  # follow-ups of abandoned turns (their prompt never existed)
+    turns_retried: int = 0  # turns retried at least once
+    retries: int = 0  # turn retries: a turn's items planned again after their batch failed
+    compute_failures: int = 0  # ComputeFailed raised by execute_batch
+    failed_batches: int = 0  # batches ComputeFailed named (the executed one and its dependents)
+    cancelled_batches: int = 0  # prepared batches cancelled because they read a failed restore
+    backups: int = 0  # backup completions that moved pages, landed or failed
+    restores: int = 0  # restore completions that moved pages, landed or failed
+    failed_backups: int = 0  # backup completions with `failure` set
+    failed_restores: int = 0  # restore completions with `failure` set
+    unresident_prepares: int = 0  # prepares refused (NotResident) over a restore failed since planning
+    ladders_undone: int = 0  # plans given up for a step because backups failed under the page ladder
 
 
 class _Running:
     """A request between admission and its Close: handle, tokens, lock and page counts."""
 
-    __slots__ = ("spec", "handle", "tokens", "outputs", "planned", "reserved", "published", "lock", "row_pages", "matched", "tree_pages")
+    __slots__ = ("spec", "handle", "tokens", "outputs", "planned", "reserved", "published", "lock", "row_pages", "matched", "tree_pages", "hits")
 
-    def __init__(self, spec: RequestSpec, handle: RequestRuntimeHandle, matched: int, lock: Node | None, row_pages: int):
+    def __init__(self, spec: RequestSpec, handle: RequestRuntimeHandle, matched: int, lock: Node | None, row_pages: int, hits: tuple[int, int, int]):
         self.spec = spec
         self.handle = handle
         self.tokens = list(spec.prompt)  # prompt and every output seen so far: the row's tokens, in order
@@ -113,6 +152,7 @@ class _Running:
         self.row_pages = row_pages
         self.matched = matched
         self.tree_pages = 0  # own pages the tree adopted (then counted as tree pages, not private)
+        self.hits = hits  # prompt tokens hit on L1, hit on L2, computed: counted once the prefill executed
 
     @property
     def private_pages(self) -> int:
@@ -127,17 +167,24 @@ class _Batch:
     requests: list[_Running]
     items: list[BatchItem]
     item_intents: list[Intent]
-    restores: list[Intent]
-    tree_intents: tuple[Intent, ...]
+    restores: list[Restore]
+    tree_intents: tuple[TreeIntent, ...]
     publishes: list[tuple[_Running, int, int]]
     closes: list[_Running]
     acquired: list[Acquired]
+    admitted: list[_Running] = field(default_factory=list)  # requests this batch prefills
     handle: PreparedBatchHandle | None = None
+    undone: bool = False  # it failed or was cancelled: it had no effect, its planning is undone
+
+    @property
+    def attached(self) -> set[int]:
+        """Generations of the extents its items attach: the restores its compute reads."""
+        return {extent.generation for item in self.items for extent in item.attach}
 
     @property
     def plan(self) -> BatchPlan:
         """The plan as it crosses: restores first (they start at prepare), then the rest in order."""
-        return BatchPlan(tuple(self.items), tuple(self.restores + self.item_intents) + self.tree_intents)
+        return BatchPlan(tuple(self.items), (*self.restores, *self.item_intents, *self.tree_intents))
 
 
 class Scheduler:
@@ -165,6 +212,7 @@ class Scheduler:
         self.running: list[_Running] = []
         self.ahead: _Batch | None = None  # prepared, not executed
         self.stats = Stats()
+        self.retries: Counter[str] = Counter()  # request id -> retries so far, while the turn is live
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -189,13 +237,19 @@ class Scheduler:
             self.waiting.append(spec)
         batch = self._build()
         if batch is not None:
-            batch.handle = self._prepare(batch)
-            for acquired in batch.acquired:
-                self.tree.unpin(acquired)
-        if self.ahead is not None:
-            self._execute_ahead()
+            handle = self._prepare(batch)
+            if handle is None:
+                batch = None
+            else:
+                batch.handle = handle
+                for acquired in batch.acquired:
+                    self.tree.unpin(acquired)
+        if self.ahead is not None and self._execute_ahead(later=batch) and batch is not None and batch.undone:
+            batch = None
         self.ahead = batch
-        self._account(self.runtime.poll_completions())
+        failed_restores = self._account(self.runtime.poll_completions())
+        if self.ahead is not None and failed_restores & self.ahead.attached:
+            self._cancel_ahead()
         self.stats.steps += 1
         after = sum(n for op, n in self.runtime.calls.items() if op in STEP_CALLS)
         self.stats.step_calls[after - before] += 1
@@ -247,19 +301,16 @@ class Scheduler:
             self.waiting.popleft()
             acquired = self.tree.acquire(match)
             handle = self.runtime.open_request()
-            r = _Running(spec, handle, match.pages, acquired.node if acquired.attach else None, row_pages)
+            hits = (match.l1_pages * ps, match.l2_pages * ps, compute)
+            r = _Running(spec, handle, match.pages, acquired.node if acquired.attach else None, row_pages, hits)
             self.running.append(r)
+            batch.admitted.append(r)
             batch.acquired.append(acquired)
             batch.restores.extend(acquired.restores)
             batch.requests.append(r)
             batch.items.append(BatchItem(handle, spec.prompt[match.pages * ps :], acquired.attach))
             r.planned, r.reserved = 1, len(spec.prompt)
             prefill_tokens += compute
-            self.stats.requests += 1
-            self.stats.prompt_tokens += len(spec.prompt)
-            self.stats.computed_prompt_tokens += compute
-            self.stats.hit_tokens_l1 += match.l1_pages * ps
-            self.stats.hit_tokens_l2 += match.l2_pages * ps
             if spec.max_new_tokens == 1:
                 self._finish(batch, r)
             else:
@@ -280,50 +331,155 @@ class Scheduler:
 
     # -- preparing and executing ----------------------------------------------------------
 
-    def _prepare(self, batch: _Batch) -> PreparedBatchHandle:
-        """prepare_batch, with the OutOfPages ladder: run the batch ahead, then evict now and wait."""
+    def _prepare(self, batch: _Batch) -> PreparedBatchHandle | None:
+        """prepare_batch, with the OutOfPages ladder: run the batch ahead, then evict now and wait.
+
+        None when the batch is given up and its planning undone: the batch ahead it was
+        planned after failed, or it attaches an extent whose restore failed after it was
+        planned (NotResident; the tree has it host-only again once it took in that failure),
+        or the ladder ran out because backups under it failed (their nodes stayed on L1).
+        """
         ladder = ["execute ahead"] if self.ahead is not None else []
         ladder += ["evict now", "evict now"]  # the second pass takes what the first one's wait unblocked
+        failed_backups = self.stats.failed_backups
         while True:
             try:
                 handle: PreparedBatchHandle = self.runtime.prepare_batch(batch.plan)
                 return handle
+            except NotResident:
+                failed_restores = self._account(self.runtime.poll_completions())
+                if not self._restores_failed_since_planning(batch, failed_restores):
+                    raise
+                self.stats.unresident_prepares += 1
+                self._undo([batch], started=False, retried=False)
+                return None
             except OutOfPages as error:
                 if error.tier is not Tier.L1:
                     raise
                 self.stats.out_of_pages += 1
+                if not ladder and self.stats.failed_backups > failed_backups:
+                    # A failed write-back backup put its demoted node back on L1: give the plan
+                    # up for this step; the next one evicts again (each backup fails with the
+                    # fault's rate, so the retries end; at a rate of 1 they do not).
+                    self.stats.ladders_undone += 1
+                    self._undo([batch], started=False, retried=False)
+                    return None
                 if not ladder:
                     raise SchedulerStuck(
                         f"L1 still short after evicting everything unlocked: needs {error.needed}, has {error.free}; "
                         f"running rows {sum(r.row_pages for r in self.running)} pages, locked tree pages {self.tree.locked_pages()}"
                     ) from error
                 if ladder.pop(0) == "execute ahead":
-                    self._execute_ahead()
+                    if self._execute_ahead(unprepared=batch):
+                        return None
                 else:
                     self._evict_now(batch, error.needed - error.free)
 
-    def _execute_ahead(self) -> None:
+    def _restores_failed_since_planning(self, batch: _Batch, failed_restores: set[int]) -> bool:
+        """Whether the batch attaches a node that is host-only now although it planned no restore of it."""
+        restored = {restore.extent.generation for restore in batch.restores}
+        return bool(failed_restores & batch.attached) or any(
+            not node.l1 for acquired in batch.acquired for node in acquired.pinned if node.ref.generation not in restored
+        )
+
+    def _execute_ahead(self, *, later: _Batch | None = None, unprepared: _Batch | None = None) -> bool:
+        """Execute the batch ahead. Whether it failed (ComputeFailed): then it is undone, and
+        so are the batch prepared `later` (cancelled unless the failure named it too) and the
+        plan being prepared (`unprepared`), newest first (module docstring: Failure)."""
         batch, self.ahead = self.ahead, None
-        assert batch is not None, "called only with a batch ahead"
-        completion = self.runtime.execute_batch(batch.handle)
+        assert batch is not None and batch.handle is not None, "called only with a prepared batch ahead"
+        try:
+            completion = self.runtime.execute_batch(batch.handle)
+        except ComputeFailed as failure:
+            named = set(failure.batches)
+            failed = [b for b in (later, batch) if b is not None and b.handle is not None and b.handle.batch_id in named]  # newest first
+            if len(failed) != len(named):
+                raise AssertionError(f"ComputeFailed names batches {sorted(named)}; control has prepared only {batch.handle.batch_id} and later") from failure
+            self.stats.compute_failures += 1
+            self.stats.failed_batches += len(failed)
+            if unprepared is not None:
+                self._undo([unprepared], started=False, retried=False)
+            if later is not None and all(later is not b for b in failed):
+                assert later.handle is not None, "a later batch is prepared"
+                self.runtime.cancel_batch(later.handle)
+                self.stats.cancelled_batches += 1
+                self._undo([later], started=True, retried=False)
+            self._undo(failed, started=True, retried=True)
+            return True
         self.stats.batches += 1
         self._complete(batch, completion)
+        return False
+
+    def _cancel_ahead(self) -> None:
+        """The batch ahead reads a restore reported failed: cancel it rather than execute it to fail."""
+        batch, self.ahead = self.ahead, None
+        assert batch is not None and batch.handle is not None, "called only with a prepared batch ahead"
+        self.runtime.cancel_batch(batch.handle)
+        self.stats.cancelled_batches += 1
+        self._undo([batch], started=True, retried=True)
+
+    def _undo(self, batches: list[_Batch], *, started: bool, retried: bool) -> None:
+        """Undo control's planning of `batches`, none of which had any effect; newest first,
+        and newer than any undone later (each returns its intents ahead of the newer ones').
+
+        `started`: they were prepared, so their restores started and go on; else they never
+        reached the runtime. `retried`: their turns were hit by the fault and are charged a
+        retry (abandoned past MAX_TURN_RETRIES). Decode items are planned again; a
+        prefilling turn's row is closed and the turn goes back to the front of the queue.
+        """
+        touched: list[_Running] = []
+        prefilling: set[int] = set()
+        for batch in batches:
+            batch.undone = True
+            self.tree.return_intents(batch.tree_intents)
+            if not started:
+                for acquired in batch.acquired:
+                    self.tree.withdraw(acquired)
+            for r, first, _ in batch.publishes:
+                r.published = min(r.published, first)  # batches may come newest first or not
+            prefilling |= {id(r) for r in batch.admitted}
+            for r in batch.requests:
+                r.planned -= 1
+                r.reserved -= 1
+                if id(r) not in {id(t) for t in touched}:
+                    touched.append(r)
+        requeue = []
+        for r in touched:
+            retries = self.retries[r.spec.request_id] + int(retried)
+            if retried:
+                self.retries[r.spec.request_id] = retries
+                self.stats.retries += 1
+                self.stats.turns_retried += retries == 1
+            if id(r) in prefilling or retries > MAX_TURN_RETRIES:
+                if r.lock is not None:
+                    self.tree.unlock(r.lock)
+                self.running.remove(r)
+                self.runtime.close_request(r.handle)
+                if retries > MAX_TURN_RETRIES:
+                    self._abandon(r)
+                else:
+                    requeue.append(r.spec)
+        self.waiting.extendleft(reversed(sorted(requeue, key=lambda spec: spec.arrival)))
+
+    def _abandon(self, r: _Running) -> None:
+        """Give the turn up: it is not served, and its follow-ups never arrive."""
+        del self.retries[r.spec.request_id]
+        self.stats.turns_abandoned += 1
+        self.stats.turns_never_started += self.source.abandoned(r.spec)
 
     def _evict_now(self, batch: _Batch, short: int) -> None:
         """Apply the batch's tree intents and more evictions standalone, then wait for deferred frees."""
         self.tree.evict(short)
         now = batch.tree_intents + self.tree.take_intents()
         batch.tree_intents = ()
-        tier: list[Intent] = []
-        for intent in now + (None,):
-            if intent is None or isinstance(intent, Release):
-                if tier:
-                    self.runtime.submit(tuple(tier))
-                    tier = []
-                if intent is not None:
-                    self.runtime.release(intent.extent)
-            else:
-                tier.append(intent)
+        # Releases first (they only free; a backup may need the host pages one frees), then
+        # every tier intent in one atomic submit: a Demote crosses with the Backup it needs.
+        for intent in now:
+            if isinstance(intent, Release):
+                self.runtime.release(intent.extent)
+        tier = tuple(intent for intent in now if isinstance(intent, (Backup, Demote)))
+        if tier:
+            self.runtime.submit(tier)
         self.tree.intents_applied(now)
         self._account(self.runtime.wait_completions())
 
@@ -337,6 +493,13 @@ class Scheduler:
                 self.on_token(r.spec.request_id, tuple(r.tokens), result.next_token)
             token = result.next_token
             assert token is not None, "rows grow by sampled tokens: the runtime must compute (the model and LocalGPURuntime do)"
+            if not r.outputs:  # the prefill executed: the turn's prompt is served
+                hit_l1, hit_l2, computed = r.hits
+                self.stats.requests += 1
+                self.stats.prompt_tokens += len(r.spec.prompt)
+                self.stats.computed_prompt_tokens += computed
+                self.stats.hit_tokens_l1 += hit_l1
+                self.stats.hit_tokens_l2 += hit_l2
             r.tokens.append(token)
             r.outputs.append(token)
             self.stats.generated_tokens += 1
@@ -353,13 +516,24 @@ class Scheduler:
             if r.lock is not None:
                 self.tree.unlock(r.lock)
             self.running.remove(r)
+            self.retries.pop(r.spec.request_id, None)
+            self.stats.turns_served += 1
             self.source.finished(r.spec, tuple(r.outputs))
         self.tree.intents_applied(batch.tree_intents)
 
-    def _account(self, completions: tuple[TransferCompletion, ...]) -> None:
-        self.tree.transfers_done(completions)
+    def _account(self, completions: tuple[TransferCompletion, ...]) -> set[int]:
+        """Take in transfer completions; the extent generations whose restore failed."""
+        failed_restores = self.tree.transfers_done(completions)
         for done in completions:
-            if done.ticket.kind is TransferKind.RESTORE:
+            restore = done.ticket.kind is TransferKind.RESTORE
+            if done.ticket.page_count:
+                self.stats.restores += restore
+                self.stats.backups += not restore
+            if done.failure is not None:
+                self.stats.failed_restores += restore
+                self.stats.failed_backups += not restore
+            elif restore:
                 self.stats.restored_pages += done.ticket.page_count
             else:
                 self.stats.backed_up_pages += done.ticket.page_count
+        return failed_restores

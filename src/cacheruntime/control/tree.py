@@ -21,7 +21,18 @@ Intent lifecycle, which is what keeps the tree and the runtime in step:
   in flight until its transfer completion arrives: until then its node is neither split
   nor released from L2, because the host pages of a released extent whose D2H still runs
   are freed only when it completes (O3), and the tree counts host pages exactly: a
-  `Backup` inside a plan must never find L2 full at execute.
+  `Backup` inside a plan must never find L2 full at execute. A `Restore` stays in flight
+  the same way, so that its completion finds its node unsplit.
+- *returned*: the batch carrying it failed or was never prepared; it goes back to the
+  outbox as it was when queued (`return_intents`) and rides in a later plan.
+
+Failure (spec/protocol.md §5.3). A transfer may fail; its completion says so. A failed
+`Restore` leaves the node host-only (its host copy is intact): the next match restores it
+again. A failed `Backup` leaves the node without a host copy; if it was demoted with it
+(write-back sends `Backup` and `Demote` together) the runtime kept the device copy, so the
+node is on L1 again. A node is not evicted while a backup or restore of it is in flight:
+a `Demote` sent after its backup was handed out could meet that backup failed at execute
+(`NotBackedUp`), and a failed restore's node must still be the node the ticket names.
 """
 
 from __future__ import annotations
@@ -44,6 +55,9 @@ from cacheruntime.protocol import (
     TransferCompletion,
     TransferKind,
 )
+
+#: The intents the tree states (it asks for restores through `acquire`, never the outbox).
+TreeIntent = Backup | Demote | Release
 
 
 class WritePolicy(enum.Enum):
@@ -131,7 +145,7 @@ class TreeCore:
         self.root = Node((), None, None)
         self.clock = 0
         self.l2_used = 0  # host pages the tree's nodes hold once every queued intent applied
-        self.outbox: list[Backup | Demote | Release] = []  # the only intents the tree states
+        self.outbox: list[TreeIntent] = []  # the only intents the tree states
         self.by_generation: dict[int, Node] = {}
 
     # -- views for the policy ---------------------------------------------------------
@@ -207,13 +221,17 @@ class TreeCore:
         return sum(n.pages for n in match.node.path() if n.lock_ref == 0)
 
     def acquire(self, match: Match) -> Acquired:
-        """Lock the match, pin its refs for the plan being built and ask for its L2 pages back."""
+        """Lock the match, pin its refs for the plan being built and ask for its L2 pages back.
+
+        A node to restore stays in flight until its restore's completion (`transfers_done`).
+        """
         path = match.node.path()
         restores = []
         for node in path:
             if not node.l1:
                 restores.append(Restore(node.ref))
                 node.l1 = True
+                node.in_flight += 1
             node.in_flight += 1
         if path:
             self.lock(match.node)
@@ -223,6 +241,17 @@ class TreeCore:
         """The plan naming the acquired refs was prepared: they may be split again."""
         for node in acquired.pinned:
             node.in_flight -= 1
+
+    def withdraw(self, acquired: Acquired) -> None:
+        """The plan naming the acquired refs will never be prepared: unpin them, and the nodes it
+        would have restored are host-only again (no restore started). The lock stays: the
+        request holding it lets it go (`unlock`)."""
+        self.unpin(acquired)
+        restored = {restore.extent.generation for restore in acquired.restores}
+        for node in acquired.pinned:
+            if node.ref.generation in restored:
+                node.l1 = False
+                node.in_flight -= 1
 
     # -- locks (E1, E4) -----------------------------------------------------------------
 
@@ -330,7 +359,8 @@ class TreeCore:
         if pages_needed <= 0:
             return 0
         nodes = self.nodes()
-        order = policy.eviction_order(CONCRETE, self._view(nodes, lambda n: n.l1), pages_needed)
+        # A node with a transfer in flight waits for its completion (module docstring: Failure).
+        order = policy.eviction_order(CONCRETE, self._view(nodes, lambda n: n.l1, pseudo_lock=lambda n: n.in_flight > 0), pages_needed)
         queued = 0
         for _, i in sorted((o, i) for i, o in enumerate(order) if o):
             if not self._evict_one(nodes[i]):
@@ -410,7 +440,7 @@ class TreeCore:
 
     # -- the outbox -----------------------------------------------------------------------
 
-    def take_intents(self) -> tuple[Intent, ...]:
+    def take_intents(self) -> tuple[TreeIntent, ...]:
         """Hand the queued intents to a plan; from now on they are in flight (not cancellable)."""
         taken, self.outbox = tuple(self.outbox), []
         for intent in taken:
@@ -426,6 +456,22 @@ class TreeCore:
                 node.demoting = True
         return taken
 
+    def return_intents(self, intents: Iterable[TreeIntent]) -> None:
+        """The plan carrying `intents` failed or was never prepared: none of them applied, so
+        each goes back to the outbox as it was before `take_intents` (a `Release` whose node
+        left the tree at take is sent again; a `Demote` is cancellable again), ahead of what
+        was queued since: a `Backup` queued since may count on the host pages a returned
+        `Release` frees."""
+        returned = list(intents)
+        self.outbox[:0] = returned
+        for intent in returned:
+            node = self.by_generation.get(intent.extent.generation)
+            if node is not None and not isinstance(intent, Release):
+                node.in_flight -= 1
+                if isinstance(intent, Demote):
+                    node.demoting = False
+                    node.queued = intent
+
     def intents_applied(self, intents: Iterable[Intent]) -> None:
         """The batch (or submit) carrying `intents` executed: demoted nodes may be matched again."""
         for intent in intents:
@@ -434,8 +480,21 @@ class TreeCore:
                 node.in_flight -= 1
                 node.demoting = False
 
-    def transfers_done(self, completions: Iterable[TransferCompletion]) -> None:
-        """Backups whose D2H completed: their nodes may be split and released from L2 again."""
+    def transfers_done(self, completions: Iterable[TransferCompletion]) -> set[int]:
+        """Backups and restores that completed, landed or failed: their nodes may be split,
+        evicted and released again; a failure changes where the node's copies are (module
+        docstring: Failure). Returns the extent generations whose restore failed."""
+        failed_restores = set()
         for done in completions:
-            if done.ticket.kind is TransferKind.BACKUP:
-                self.by_generation[done.ticket.extent_generation].in_flight -= 1
+            node = self.by_generation[done.ticket.extent_generation]  # in flight: still in the tree, unsplit
+            node.in_flight -= 1
+            if done.failure is None:
+                continue
+            if done.ticket.kind is TransferKind.RESTORE:
+                node.l1 = False  # its host copy is intact: the next match restores it again
+                failed_restores.add(done.ticket.extent_generation)
+            else:
+                node.l2 = False
+                self.l2_used -= node.pages
+                node.l1 = True  # demoted with the backup (write-back): the runtime kept the device copy
+        return failed_restores

@@ -35,6 +35,9 @@ class Source(Protocol):
     def finished(self, spec: RequestSpec, output: tuple[int, ...]) -> None:
         """A request finished with `output`; follow-ups that wait for it may now arrive."""
 
+    def abandoned(self, spec: RequestSpec) -> int:
+        """A request was given up (no output): its follow-ups never arrive; how many they are."""
+
     def exhausted(self) -> bool:
         """Nothing more will ever arrive."""
 
@@ -76,6 +79,14 @@ class ChainedSource:
             prompt = spec.prompt + tuple(output) + follow.append
             self.pending.append(RequestSpec(follow.request_id, prompt, follow.max_new_tokens, self.step + 1 + follow.delay))
         self.pending.sort(key=lambda r: r.arrival)
+
+    def abandoned(self, spec: RequestSpec) -> int:
+        dropped, parents = 0, [spec.request_id]
+        while parents:  # a follow-up's own follow-ups wait on it: they go too
+            followers = self.waiting_on.pop(parents.pop(), [])
+            dropped += len(followers)
+            parents.extend(follow.request_id for follow in followers)
+        return dropped
 
     def exhausted(self) -> bool:
         return not self.pending and not self.waiting_on

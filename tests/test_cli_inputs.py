@@ -81,3 +81,19 @@ def test_an_output_path_under_a_file_is_refused_before_work(tmp_path, capsys):
         main(["run", "--json", str(blocker / "summary.json")])
     (line,) = _lines(capsys.readouterr().err)
     assert exit_.value.code == 2 and "argument --json: cannot write" in line and "is not a writable directory" in line, line
+
+
+@pytest.mark.parametrize("pair", [("0", "0"), ("5", "3")])
+def test_new_tokens_out_of_order_or_zero_is_one_line_before_work(pair, capsys):
+    """`--new-tokens 0 0` used to hang the job (turns that never finish); `5 3` ended in a ValueError from randrange."""
+    assert main(["run", "--new-tokens", *pair, "--quiet"]) == 2
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith("cacheruntime run: error: argument --new-tokens:"), line
+
+
+@pytest.mark.parametrize("arrival", ["1e300", "100000000"])
+def test_a_far_arrival_in_a_trace_is_served_without_stepping_to_it(arrival, tmp_path, capsys):
+    """A trace whose request arrives at step 1e300 used to hang: the scheduler stepped through every empty step."""
+    trace = tmp_path / "far.jsonl"
+    trace.write_text(f'{{"id": "a", "prompt": [1, 2, 3], "max_new_tokens": 2, "arrival": {arrival}}}\n')
+    assert main(["run", "--runtime", "model", "--trace", str(trace), "--quiet"]) == 0

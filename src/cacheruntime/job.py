@@ -217,6 +217,10 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
 
 
 def main(args: argparse.Namespace) -> int:
+    low, high = args.new_tokens
+    if not 1 <= low <= high:
+        print(f"cacheruntime run: error: argument --new-tokens: MIN must be at least 1 and MAX at least MIN, got {low} {high}", file=sys.stderr)
+        return 2
     faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0
     if faulty and args.runtime != "local":
         print("cacheruntime run: --transfer-fault-rate and --compute-fault-rate need --runtime local", file=sys.stderr)

@@ -202,3 +202,27 @@ def test_a_host_pool_that_cannot_be_allocated_is_a_clear_error():
     with pytest.raises((ValueError, MemoryError, RuntimeError)) as error:
         LocalGPURuntime(**{**CONFORMANCE_OPTIONS, "l2_pages": 1 << 60})
     assert "l2_pages" in str(error.value)
+
+
+@pytest.mark.parametrize("streams", STREAMS)
+def test_a_restore_that_failed_before_the_execute_fails_the_batch_that_reads_it(streams):
+    """The restore fails and is reported at a poll before its batch executes: compute must not run over
+    the missing pages (found by the fault soak: the runtime served a wrong token there)."""
+    rt = runtime(streams)
+    model = twin_model(rt)
+    for side in (rt, model):
+        h, x = published(side)
+        side.submit((Backup(x),))
+        side.wait_completions()
+        side.close_request(h)
+        side.submit((Demote(x),))
+        side.inject_fault(FaultKind.RESTORE, 1)
+        g = side.open_request()
+        batch = side.prepare_batch(plan(item(g, 1, attach=(x,)), intents=(Restore(x),)))
+        (done,) = side.wait_completions()  # reported failed before the execute
+        assert done.failure is TransferFailure.COPY
+        with pytest.raises(ComputeFailed):
+            side.execute_batch(batch)
+        assert side.probe().slots[g.slot_id].num_tokens == 0
+        check_state(side.probe())
+    rt.close()

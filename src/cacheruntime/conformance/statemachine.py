@@ -379,8 +379,8 @@ class RuntimeConformance(RuleBasedStateMachine):
     def _fault_where_it_matters(self, site: str, i: int) -> None:
         """A fault where a runtime can lose data or serve wrong bytes: the backup of an extent demoted
         while it runs (write-back must keep the device copy), the restore a batch's compute reads
-        (KV_READY on a failed copy), a batch's compute, or the worker of the next copy (RuntimeFault
-        on every call, then a restart recovers)."""
+        (KV_READY on a failed copy, or failed and reported before the batch executes), a batch's
+        compute, or the worker of the next copy (RuntimeFault on every call, then a restart recovers)."""
         if not self.model.state.extents:
             self._publish_fresh(i)
         if not self.model.state.extents:
@@ -404,10 +404,12 @@ class RuntimeConformance(RuleBasedStateMachine):
         self._call("submit", (Backup(extent),))
         self._completions("wait_completions")
         self._call("submit", (Demote(extent),))
-        self._inject(FaultKind.RESTORE if site == "restore_at_kv_ready" else FaultKind.COMPUTE)
+        self._inject(FaultKind.COMPUTE if site == "compute" else FaultKind.RESTORE)
         request = self._free_slot(i)
         plan = BatchPlan((BatchItem(request, (1,), (extent,)),), (Restore(extent),)) if request is not None else None
         handle = None if plan is None else self._call("prepare_batch", plan)
+        if handle is not None and site == "restore_reported_first":
+            self._completions("wait_completions")  # the restore fails and is reported before its batch executes
         if handle is not None:
             self._call("execute_batch", handle)
 
@@ -1259,7 +1261,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
             Machine.inject_fault = inject_fault
 
-            @rule(site=st.sampled_from(["backup_under_demote", "restore_at_kv_ready", "compute", "lost_worker"]), i=st.integers(0, 7))
+            @rule(site=st.sampled_from(["backup_under_demote", "restore_at_kv_ready", "restore_reported_first", "compute", "lost_worker"]), i=st.integers(0, 7))
             def fault_where_it_matters(self, site, i):
                 """A fault at the moment it can lose the most (`_fault_where_it_matters`)."""
                 self._fault_where_it_matters(site, i)

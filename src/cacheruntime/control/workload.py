@@ -41,6 +41,9 @@ class Source(Protocol):
     def exhausted(self) -> bool:
         """Nothing more will ever arrive."""
 
+    def next_arrival(self) -> int | None:
+        """The earliest step a pending request arrives at (None: none pending now)."""
+
 
 @attrs.frozen
 class FollowUp:
@@ -90,6 +93,9 @@ class ChainedSource:
 
     def exhausted(self) -> bool:
         return not self.pending and not self.waiting_on
+
+    def next_arrival(self) -> int | None:
+        return self.pending[0].arrival if self.pending else None
 
 
 @attrs.frozen

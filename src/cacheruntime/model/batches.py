@@ -177,10 +177,10 @@ class Batches(Extents):
                 page.versions[position % self.page_size] = st.next_version
                 l1[page.copies[Tier.L1].phys][position % self.page_size] = st.next_version
                 st.next_version += 1
-            if lost:  # compute will not run: nothing to read
+            slot.num_tokens = end  # the intents are checked against the rows compute would leave
+            if lost:  # compute will not run: nothing to read (the batch fails below, all undone)
                 continue
             read = tuple(l1[st.pages[slot.pages[pos // self.page_size]].copies[Tier.L1].phys][pos % self.page_size] for pos in range(end))
-            slot.num_tokens = end
             slot.last_output = tag_digest(read)
             results.append(ItemResult(request, end, slot.last_output))
         self.finish_batch(batch.batch_id, BatchState.EXECUTED)

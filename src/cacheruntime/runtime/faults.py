@@ -74,6 +74,12 @@ class FaultHandling:
         self.commit()
         raise ComputeFailed(f"batch {batch.batch_id} failed: {cause}; batches {list(failed)} failed", failed, cause) from error
 
+    def fail_if_unreadable(self, batch: PreparedBatchHandle, unreadable: tuple[int, ...]) -> None:
+        """A batch that reads pages whose restore failed before this execute (and was reported)
+        fails as one whose KV_READY wait finds the restore failed (§4.5)."""
+        if unreadable:
+            self.fail_batch(batch, f"pages {list(unreadable)} it reads have no device copy: their restore failed", set(), False)
+
     def compute_fault_due(self) -> bool:
         """Whether an injected COMPUTE fault picks this execute_batch (it reached compute). The count
         is journaled, so that a batch that fails for another reason (a failed read) leaves it."""

@@ -222,6 +222,7 @@ class LocalGPURuntime(FaultHandling):
         ledger, layer = self.ledger, self.device_layer
         executed = ledger.execute(batch)
         launched = layer.launched
+        self.fail_if_unreadable(batch, executed.unreadable)
         kv_ready = {t: launched[t] for t in executed.kv_ready if t in launched}
         injected = self.compute_fault_due()
         record, rows = executed.record, executed.rows

@@ -96,6 +96,15 @@ class ReadsOfFailedRestoreServed(_Mutant):
     parts: ClassVar[dict[str, Any]] = {"ordering_class": _ReadsNeverFailOrdering}
 
 
+class ReadsOfReportedFailureServed(_Mutant):
+    """A batch attaching pages whose restore failed, and was reported, before it executes computes over them."""
+
+    invariant = "O1"
+
+    def fail_if_unreadable(self, batch: PreparedBatchHandle, unreadable: tuple[int, ...]) -> None:
+        return None
+
+
 class LostMachineryServes(_Mutant):
     """A dead stream worker goes unnoticed: calls are served, and what waits on it fails untyped."""
 
@@ -115,5 +124,6 @@ MUTANTS = {
     "failure_keeps_dropping": FailureKeepsDropping,
     "failed_batch_committed": FailedBatchCommitted,
     "reads_of_failed_restore_served": ReadsOfFailedRestoreServed,
+    "reads_of_reported_failure_served": ReadsOfReportedFailureServed,
     "lost_machinery_serves": LostMachineryServes,
 }

@@ -78,6 +78,7 @@ class Executed(NamedTuple):
     published: tuple[CacheExtentRef, ...]
     tickets: tuple[TransferTicket, ...]
     written: bool = True  # the tags, the rows' lengths and the batch's outcome are in the ledger (else `settle` writes them)
+    unreadable: tuple[int, ...] = ()  # attached pages with no device copy (a restore failed): compute must not run
 
 
 class Batches(_Base):
@@ -259,12 +260,13 @@ class Batches(_Base):
                         self.txn.start_journal()  # a restore it awaits may turn out failed: the call must undo
                     ready += self.await_restores(set(read))
                     restoring = self.restoring_pages()
+        unreadable = self.unreadable_attached(record, rows)
         if self.txn.journal is None:
             version = self.state.next_version
             if record.one_token:
-                return Executed(record, rows, range(version, version + len(rows)), ready, (), (), False)
+                return Executed(record, rows, range(version, version + len(rows)), ready, (), (), False, unreadable)
             firsts = list(accumulate(map(operator.sub, record.ends, record.starts), initial=version))[:-1]
-            return Executed(record, rows, firsts, ready, (), (), False)
+            return Executed(record, rows, firsts, ready, (), (), False, unreadable)
         first_tags = self.write_tags(rows, record.starts, record.ends)
         self.finish_batch(batch.batch_id, BatchState.EXECUTED)
         published: list[CacheExtentRef] = []
@@ -276,7 +278,21 @@ class Batches(_Base):
                     published.append(outcome)
                 elif isinstance(outcome, TransferTicket):
                     tickets.append(outcome)
-        return Executed(record, rows, first_tags, ready, tuple(published), tuple(tickets), True)
+        return Executed(record, rows, first_tags, ready, tuple(published), tuple(tickets), True, unreadable)
+
+    def unreadable_attached(self, record: Batch, rows: list[Slot]) -> tuple[int, ...]:
+        """The pages the batch attached that have no device copy once its restores are awaited: their
+        restore failed (now, or reported before this execute). Only attached pages can be such (rows'
+        own pages are computed on the device), and an attaching item's row starts with them."""
+        if not any(item.attach for item in record.plan.items):
+            return ()
+        pages, l1 = self.state.pages, Tier.L1
+        unreadable = []
+        for slot, item in zip(rows, record.plan.items):
+            if item.attach:
+                attached = sum(extent.page_count for extent in item.attach)
+                unreadable += [name for name in slot.pages[:attached] if l1 not in pages[name].copies]
+        return tuple(unreadable)
 
     def settle(self, executed: Executed, batch_id: int) -> None:
         """Compute succeeded: write what `execute` left unwritten (tags, rows' lengths, the outcome)."""

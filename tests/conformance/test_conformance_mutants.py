@@ -25,7 +25,6 @@ from cacheruntime.conformance.statemachine import CHECKS
 
 #: Shipped mutants of the other families the CI profile no longer kills, with why: each is a
 #: regression of the suite to fix (issue 14), asserted to survive so that its fix is noticed.
-#: (model.restore_before_backup was one until the ordering check drew restores waiting on backups.)
 OTHER_SURVIVORS: dict[str, str] = {}
 SURVIVORS = {f"family.{name}" for name in families.SURVIVORS} | {f"situation.{name}" for name in situations.SITUATION_SURVIVORS} | set(OTHER_SURVIVORS)
 #: The check that killed each mutant in its family's measured table: tried first.

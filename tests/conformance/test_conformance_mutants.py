@@ -25,7 +25,13 @@ from cacheruntime.conformance.statemachine import CHECKS
 
 #: Shipped mutants of the other families the CI profile no longer kills, with why: each is a
 #: regression of the suite to fix (issue 14), asserted to survive so that its fix is noticed.
-OTHER_SURVIVORS: dict[str, str] = {}
+OTHER_SURVIVORS: dict[str, str] = {
+    "model.execute_twice": (
+        "survives all four checks of the CI profile on the draws after issue 17 (measured 2026-12-02): removing a guided "
+        "rule changed the machine's source, from whose digest Hypothesis derandomizes every check, and on the new draws no "
+        "case executes an executed batch of the model runtime again (core with --max-examples 30 kills it, O4)"
+    ),
+}
 SURVIVORS = {f"family.{name}" for name in families.SURVIVORS} | {f"situation.{name}" for name in situations.SITUATION_SURVIVORS} | set(OTHER_SURVIVORS)
 #: The check that killed each mutant in its family's measured table: tried first.
 KILLED_BY = {f"family.{name}": check for name, check in families.KILLED_BY.items()} | {

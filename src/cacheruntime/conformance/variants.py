@@ -74,6 +74,11 @@ class Lanes:
         self._hold()
         return event
 
+    @property
+    def alive(self) -> bool:
+        """Whether every lane's worker still runs (`DeviceLayer.alive`, asked before a restart drains)."""
+        return all(stream.alive for stream in self.streams)
+
     def synchronize(self) -> None:
         for stream in self.streams:
             stream.synchronize()

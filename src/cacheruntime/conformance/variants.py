@@ -170,7 +170,7 @@ class EagerFree(_Variant):
         """Complete, in the ledger, the transfers the device has finished (their effects take place now)."""
         ledger = self.ledger
         if ledger.state.transfers:
-            ledger.complete_in_order(self.device_layer.done(list(ledger.state.transfers)))
+            ledger.complete_in_order(*self.device_layer.done(list(ledger.state.transfers)))  # (done, failed)
 
     def close_request(self, request: RequestRuntimeHandle) -> None:
         self.complete_finished()

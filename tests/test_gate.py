@@ -83,7 +83,7 @@ def test_gate_runs_conformance_without_shrinking_unless_asked():
 def test_gate_prints_the_command_that_shrinks_a_failure(tmp_path):
     junit = tmp_path / "gate.xml"
     only = ("--skip", "traceability", "--skip", "tlc", "--skip", "z3", "--check", "core")
-    proc = _check(*only, "--runtime", MUTANT, "--option", "name=model.execute_twice", "--junitxml", str(junit))
+    proc = _check(*only, "--runtime", MUTANT, "--option", "name=model.execute_out_of_order", "--junitxml", str(junit))
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "# ---- unshrunk reproduction" in proc.stdout and "# ---- shrunk reproduction" not in proc.stdout
     assert "# ---- boundary calls sent to the runtime" in proc.stdout
@@ -93,12 +93,12 @@ def test_gate_prints_the_command_that_shrinks_a_failure(tmp_path):
     assert failure.get("message").startswith("O4 execute_batch:") and "# ---- boundary calls sent" in failure.text
     summary = proc.stdout[proc.stdout.index("to shrink each locally:") :].splitlines()[1:]
     commands = [line.strip() for line in summary if line.startswith("  cacheruntime conformance")]
-    assert f"cacheruntime conformance --runtime {MUTANT} --option name=model.execute_twice --profile ci --check core" in commands
+    assert f"cacheruntime conformance --runtime {MUTANT} --option name=model.execute_out_of_order --profile ci --check core" in commands
     parser = argparse.ArgumentParser()
     conformance_cli.add_arguments(parser)
     for command in commands:  # each reruns one check of the same runtime, shrinking
         args = parser.parse_args(shlex.split(command)[2:])
-        assert args.runtime == MUTANT and args.option == ["name=model.execute_twice"] and not args.no_shrink and len(args.check) == 1
+        assert args.runtime == MUTANT and args.option == ["name=model.execute_out_of_order"] and not args.no_shrink and len(args.check) == 1
 
 
 def test_gate_passes_conformance_options_by_the_suites_names(tmp_path):

@@ -27,7 +27,7 @@ def test_failure_prints_a_runnable_reproduction_and_exits_1(tmp_path, capsys):
 
 
 def test_expected_failure_gates_and_stale_entry_is_reported(tmp_path, capsys):
-    argv = ["conformance", "--runtime", MUTANT, "--option", "name=model.execute_twice", "--check", "core", "--no-shrink"]
+    argv = ["conformance", "--runtime", MUTANT, "--option", "name=model.execute_out_of_order", "--check", "core", "--no-shrink"]
     assert main(argv) == 1
     found = re.findall(r"^  NEW\s+(.*)$", capsys.readouterr().out, flags=re.M)
     assert found and all(signature.startswith("O4 execute_batch: ") for signature in found)

@@ -25,13 +25,35 @@ from cacheruntime.conformance.statemachine import CHECKS
 
 #: Shipped mutants of the other families the CI profile no longer kills, with why: each is a
 #: regression of the suite to fix (issue 14), asserted to survive so that its fix is noticed.
-#: (model.restore_before_backup was one until the ordering check drew restores waiting on backups.)
-OTHER_SURVIVORS: dict[str, str] = {}
-SURVIVORS = {f"family.{name}" for name in families.SURVIVORS} | {f"situation.{name}" for name in situations.SITUATION_SURVIVORS} | set(OTHER_SURVIVORS)
-#: The check that killed each mutant in its family's measured table: tried first.
-KILLED_BY = {f"family.{name}": check for name, check in families.KILLED_BY.items()} | {
-    f"situation.{name}": check for name, check in situations.SITUATION_KILLED_BY.items()
+OTHER_SURVIVORS: dict[str, str] = {
+    "model.execute_twice": (
+        "survives all four checks of the CI profile on the draws after issue 17 (measured 2026-12-02): removing a guided "
+        "rule changed the machine's source, from whose digest Hypothesis derandomizes every check, and on the new draws no "
+        "case executes an executed batch of the model runtime again (core with --max-examples 30 kills it, O4)"
+    ),
 }
+SURVIVORS = {f"family.{name}" for name in families.SURVIVORS} | {f"situation.{name}" for name in situations.SITUATION_SURVIVORS} | set(OTHER_SURVIVORS)
+#: The check that killed each `local` and `model` mutant that core does not (measured 2026-12-02,
+#: docs/mutation-score.md): tried first, it saves the checks before it (255 s of CI for one).
+OTHER_KILLED_BY: dict[str, str] = {
+    "local.skip_kv_ready_wait": "restart",
+    "local.reuse_page_in_flight": "tiers",
+    "local.demote_in_use": "tiers",
+    "local.no_rollback": "tiers",
+    "local.old_epoch_accepted": "restart",
+    "model.skip_kv_ready_wait": "tiers",
+    "model.reuse_page_in_flight": "restart",
+    "model.submit_not_atomic": "tiers",
+    "model.corrupt_restore": "tiers",
+    "model.old_epoch_accepted": "restart",
+    "model.demote_in_use": "tiers",
+}
+#: The check that killed each mutant in its family's measured table: tried first.
+KILLED_BY = (
+    {f"family.{name}": check for name, check in families.KILLED_BY.items()}
+    | {f"situation.{name}": check for name, check in situations.SITUATION_KILLED_BY.items()}
+    | OTHER_KILLED_BY
+)
 #: Mutants no run of their configuration can tell from the landed runtime (`families.EQUIVALENT`).
 EQUIVALENT = {f"family.{name}" for name in families.EQUIVALENT}
 
@@ -75,6 +97,7 @@ def test_survivors_are_listed_mutants_with_reasons():
     assert set(families.KILLED_BY) | set(families.SURVIVORS) | set(families.EQUIVALENT) == set(families.MUTANTS)
     assert len(families.KILLED_BY) + len(families.SURVIVORS) + len(families.EQUIVALENT) == len(families.MUTANTS)
     assert set(families.KILLED_BY.values()) <= set(CHECKS)
+    assert set(OTHER_KILLED_BY) <= set(MUTANTS) - SURVIVORS and set(OTHER_KILLED_BY.values()) <= set(CHECKS)
     situation_names = {name.removeprefix("situation.") for name in MUTANTS if name.startswith("situation.")}
     assert all(reason.strip() for reason in situations.SITUATION_SURVIVORS.values())
     assert set(situations.SITUATION_KILLED_BY) | set(situations.SITUATION_SURVIVORS) == situation_names

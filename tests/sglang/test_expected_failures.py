@@ -29,7 +29,8 @@ EXPECTED = ADAPTER_DIR / "expected-failures.toml"
 
 
 def _conformance(expected, *extra):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(ADAPTER_DIR / "stubs")]))
+    # src first, as scripts/gate_sglang.sh: this checkout's suite, not the one the venv's editable install names
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), str(ADAPTER_DIR / "stubs")]))
     proc = subprocess.run(
         [sys.executable, "-m", "cacheruntime.cli", "conformance", "--runtime", FACTORY, "--expected", str(expected), "--no-shrink", *extra],
         cwd=REPO,

@@ -64,10 +64,14 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
         "execute_batch write or read",
     ),
     (
-        ("contract:retain retain: raises UnknownHandle where the model raises StaleHandle",),
+        (
+            "contract:retain retain: raises UnknownHandle where the model raises StaleHandle",
+            "contract:release release: raises UnknownHandle where the model raises StaleHandle",
+        ),
         "S6 (adapter limitation): tree entries carry no generation, so the adapter matches a ref's page runs against what its "
-        "entry names now; after a split the entry names fewer pages, and a stale ref to it reads as never issued (UnknownHandle) "
-        "where the contract says StaleHandle",
+        "entry names now, before it asks whether the entry is still live; after a split the entry names fewer pages, and a stale "
+        "ref to it, or a ref with other runs to an extent already released, reads as never issued (UnknownHandle) where the "
+        "contract says StaleHandle",
     ),
     (
         ("contract:open_request ", "probe:slots open_request", "H2 open_request"),
@@ -86,8 +90,9 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
         "a slice clamps, so an empty or out-of-row range is inserted short instead of refused with InvalidPageRun",
     ),
     (
-        ("contract:close_request ",),
-        "V8: close_request of a request in a prepared, unexecuted batch frees its row (ReqToTokenPool.free, memory_pool.py:462-465, has no busy state)",
+        ("contract:close_request ", "contract:execute_batch execute_batch: returns where the model raises RequestBusy"),
+        "V8: close_request (or a plan's Close) of a request in a prepared, unexecuted batch frees its row (ReqToTokenPool.free, "
+        "memory_pool.py:462-465, has no busy state)",
     ),
     (
         ("contract:prepare_batch ", "O4 ", "contract:cancel_batch ", "contract:execute_batch "),

@@ -345,27 +345,6 @@ class RuntimeConformance(RuleBasedStateMachine):
         if handle is not None and self._call("execute_batch", handle) is not None:
             self._call("publish", request, 0, 2)
 
-    def _restore_behind_another_backup(self, i: int) -> None:
-        """Two extents over a row's first pages: the shorter one's backup starts and it is released; the
-        longer one is backed up, demoted and hit. Its restore reads host pages the other extent's backup
-        still fills, so it must wait for a transfer of another extent generation."""
-        ps = self.info.page_size
-        request = self._free_slot(i)
-        handle = None if request is None else self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(3 * ps))),)))
-        if handle is None or self._call("execute_batch", handle) is None:
-            return
-        shorter, longer = self._call("publish", request, 0, 2), self._call("publish", request, 0, 3)
-        self._call("close_request", request)
-        if shorter is None or longer is None:
-            return
-        self._call("submit", (Backup(shorter),))
-        self._call("release", shorter)
-        self._call("submit", (Backup(longer), Demote(longer)))
-        hit = self._call("open_request")
-        handle = None if hit is None else self._call("prepare_batch", BatchPlan((BatchItem(hit, (1,), (longer,)),), (Restore(longer),)))
-        if handle is not None:
-            self._call("execute_batch", handle)
-
     def _inject(self, kind: FaultKind) -> None:
         """The next transfer of `kind` (moving a page), compute or launch fails, on both sides (LOST: the runtime's)."""
         if kind is FaultKind.LOST:
@@ -536,8 +515,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         """Count the named situations this call reaches, judged on the model's side (`coverage`)."""
         if not hasattr(self, "situations"):
             self.situations: set[str] = set()
-        delayed = bool(self.check.delay) and self._claims(Capability.DELAY_KNOB)
-        coverage.observe(self.check.name, self.situations, coverage.situations(operation, model_args, before, error, self.model.state, delayed))
+        coverage.observe(self.check.name, self.situations, coverage.situations(operation, model_args, before, error, self.model.state))
 
     def _judge_failed(self, operation: str, before: AbstractState | None, error: CacheRuntimeError | None = None) -> None:
         """A call that raised must change nothing (H1): probe() as before, unless a transfer completed meanwhile.
@@ -1237,13 +1215,6 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     self._call("execute_batch", handle)
 
             Machine.hit_while_backing_up = hit_while_backing_up
-
-            @rule(i=st.integers(0, 7))
-            def restore_behind_another_backup(self, i):
-                """A restore whose host pages another extent's backup still fills (`_restore_behind_another_backup`)."""
-                self._restore_behind_another_backup(i)
-
-            Machine.restore_behind_another_backup = restore_behind_another_backup
 
         if the_check.name == "faults":
 

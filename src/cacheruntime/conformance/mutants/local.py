@@ -11,6 +11,13 @@ its pages): in LocalGPURuntime the window does not exist, because `execute_batch
 only after its compute and only full, never rewritten pages are published and backed up,
 so dropping the wait (`Ordering.wait_compute`) changes no byte. O2 is held by the model
 mutant `model.backup_before_compute` and the TLA+ mutant `mutant-backup-before-compute`.
+
+Nor is there one any more for a restore that does not wait for the backup still filling
+its host copy (`restore_before_backup`, an `ordering_class` whose `wait_transfer_deps` did
+nothing; removed with issue 17): a Demote while a page's backup is in flight now keeps the
+device copy (DROPPING) until the backup lands, so a restore only ever moves pages whose host
+copy is valid, no transfer waits for another (`waits_for` is always empty), and leaving the
+wait out changes nothing.
 """
 
 from __future__ import annotations
@@ -133,11 +140,6 @@ class _NoKvReadyWait(Ordering):
         return None
 
 
-class _NoTransferDepsWait(Ordering):
-    def wait_transfer_deps(self, stream: Stream, sources: Iterable[Event]) -> None:
-        return None
-
-
 # -- the mutants -------------------------------------------------------------------------
 
 
@@ -188,13 +190,6 @@ class ReuseInFlight(_Mutant):
 
     invariant = "O3"
     parts: ClassVar[dict[str, Any]] = {"ledger_class": _ReuseInFlightLedger}
-
-
-class RestoreBeforeBackup(_Mutant):
-    """A restore reads its host copy without waiting for the backup still filling it (scenario 1)."""
-
-    invariant = "O3"
-    parts: ClassVar[dict[str, Any]] = {"ordering_class": _NoTransferDepsWait}
 
 
 class ExecuteTwice(_Mutant):
@@ -278,7 +273,6 @@ MUTANTS = {
     "leak_reference": LeakReference,
     "skip_kv_ready_wait": SkipKvReadyWait,
     "reuse_page_in_flight": ReuseInFlight,
-    "restore_before_backup": RestoreBeforeBackup,
     "execute_twice": ExecuteTwice,
     "execute_out_of_order": ExecuteOutOfOrder,
     "demote_in_use": DemoteInUse,

@@ -3,6 +3,11 @@
 Each class overrides the smallest piece of `ModelRuntime` (a reference model with an
 environment clock) that breaks its invariant the way a real runtime bug would: a public
 method of one of the model's sections (`cacheruntime.model`) or an operation.
+
+`restore_before_backup` (a restore that does not wait for the backup filling its host copy,
+scenario 1) was removed with issue 17: the model keeps a demoted page's device copy
+(DROPPING) while its backup is in flight, so no restore reads a filling host copy and none
+waits for a backup; the mutant could no longer differ from the model.
 """
 
 from __future__ import annotations
@@ -123,24 +128,6 @@ class ReuseInFlight(_Mutant):
 
     def free_phys(self, tier, phys):
         self.state.pools[tier].free.append(phys)
-
-
-class RestoreBeforeBackup(_Mutant):
-    """A restore does not wait for the backup still writing the host copy it reads (scenario 1)."""
-
-    invariant = "O3"
-
-    def transfers_on(self, tier, phys):
-        return set() if self._starting else super().transfers_on(tier, phys)
-
-    _starting = False
-
-    def start_transfer(self, kind, generation, pages):
-        self._starting = True
-        try:
-            return super().start_transfer(kind, generation, pages)
-        finally:
-            self._starting = False
 
 
 class ExecuteTwice(_Mutant):
@@ -293,7 +280,6 @@ MUTANTS = {
     "skip_kv_ready_wait": SkipKvReadyWait,
     "backup_before_compute": BackupBeforeCompute,
     "reuse_page_in_flight": ReuseInFlight,
-    "restore_before_backup": RestoreBeforeBackup,
     "execute_twice": ExecuteTwice,
     "execute_out_of_order": ExecuteOutOfOrder,
     "per_token_boundary": PerTokenBoundary,

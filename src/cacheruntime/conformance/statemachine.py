@@ -99,9 +99,9 @@ ORDERING_DELAY = 0.02
 class Check:
     """One named run of the machine: which rule families it enables and what it needs claimed.
 
-    Each check draws its own sequences: the ci profile is derandomized with one seed for
-    every machine, so checks that enabled the same rules would replay the same cases
-    (the ordering check was the tiers check, only slower). `leaves_out` names rules a
+    Each check draws its own sequences: the ci profile is derandomized, with a fixed seed of
+    its own per check (`runner.check_seed`), so checks that enabled the same rules do not
+    replay the same cases (the ordering check was once the tiers check, only slower). `leaves_out` names rules a
     check does without because another check covers them, which also gives its draws
     their own meaning.
     """

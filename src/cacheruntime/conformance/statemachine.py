@@ -1182,9 +1182,10 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             @when(lambda self: self.model.state.extents)
             @rule(i=st.integers(0, 7), n=st.integers(1, ps), drop=st.booleans())
             def hit_while_backing_up(self, i, n, drop):
-                """Scenario 1 again, without a poll: with slow transfers the restore surely waits on the backup
-                (the checks with a delay draw it twice as often as the others); without `drop`, on a prefix
-                a hit extended by one page, so that only its last page is still backing up."""
+                """Scenario 1 again, without a poll: with slow transfers the hit surely comes while the backup
+                runs, and its restore keeps the dropping device copies (the checks with a delay draw it twice
+                as often as the others); without `drop`, on a prefix a hit extended by one page, so that only
+                its last page is still backing up."""
                 if not self.model.state.extents:
                     return
                 if drop:
@@ -1298,6 +1299,9 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("close_request", request)
                 if last is None or self._call("submit", (Backup(last), Demote(last))) is None:
                     return
+                # Write-back keeps the device copies until the backup lands: a hit before it would
+                # keep them instead of reading the host pages (nothing moves), so the backup lands first.
+                self._completions("wait_completions")
                 then = "extend_and_backup"
             if then == "backup_when_full":
                 for n in range(len(self.model.state.extents)):

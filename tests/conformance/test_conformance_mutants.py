@@ -18,7 +18,7 @@ the others.
 
 import pytest
 
-from cacheruntime.conformance.mutants import MUTANTS, families, situations
+from cacheruntime.conformance.mutants import MUTANTS, faults, families, situations
 from cacheruntime.conformance.profiles import profile
 from cacheruntime.conformance.runner import run_check
 from cacheruntime.conformance.statemachine import CHECKS
@@ -50,7 +50,8 @@ OTHER_KILLED_BY: dict[str, str] = {
 }
 #: The check that killed each mutant in its family's measured table: tried first.
 KILLED_BY = (
-    {f"family.{name}": check for name, check in families.KILLED_BY.items()}
+    {f"faults.{name}": "faults" for name in faults.MUTANTS}
+    | {f"family.{name}": check for name, check in families.KILLED_BY.items()}
     | {f"situation.{name}": check for name, check in situations.SITUATION_KILLED_BY.items()}
     | OTHER_KILLED_BY
 )

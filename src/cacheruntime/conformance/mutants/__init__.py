@@ -16,7 +16,9 @@ rules) cover every operation against its error classes and the hard situations, 
 situations the others leave out, with its own table and `SITUATION_SURVIVORS`. `model.*` break the
 suite's own model runtime (`cacheruntime.conformance.selftest`), so the suite is tested
 even where the runtime does not expose a guard (a corrupted restore, a non-atomic submit,
-a split that keeps its parent).
+a split that keeps its parent). `faults.*` mishandle one fault each (a failed copy taken for
+landed, write-back that drops too early, a failed batch committed, a dead worker unnoticed):
+the `faults` check kills them.
 """
 
 from __future__ import annotations
@@ -24,12 +26,19 @@ from __future__ import annotations
 import attrs
 
 from cacheruntime.conformance.mutants import families as _families
+from cacheruntime.conformance.mutants import faults as _faults
 from cacheruntime.conformance.mutants import local as _local
 from cacheruntime.conformance.mutants import model as _model
 from cacheruntime.conformance.mutants import situations as _situations
 from cacheruntime.conformance.target import Target
 
-_FAMILIES = {"local": _local.MUTANTS, "model": _model.MUTANTS, "family": _families.MUTANTS, "situation": _situations.MUTANTS}
+_FAMILIES = {
+    "local": _local.MUTANTS,
+    "model": _model.MUTANTS,
+    "family": _families.MUTANTS,
+    "situation": _situations.MUTANTS,
+    "faults": _faults.MUTANTS,
+}
 
 
 @attrs.frozen

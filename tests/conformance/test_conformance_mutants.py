@@ -18,7 +18,7 @@ the others.
 
 import pytest
 
-from cacheruntime.conformance.mutants import MUTANTS, faults, families, situations
+from cacheruntime.conformance.mutants import MUTANTS, families, faults, situations
 from cacheruntime.conformance.profiles import profile
 from cacheruntime.conformance.runner import run_check
 from cacheruntime.conformance.statemachine import CHECKS

@@ -957,6 +957,16 @@ SITUATION_SURVIVORS: dict[str, str] = {
         "survives all four checks on the draws after issue 17 too (measured 2026-12-02, 391 s under load); needs a Drop of an extent whose first page has a device copy and a later page has none: two overlapping "
         "extents of one row, the shorter (over the later page) backed up and demoted"
     ),
+    "runs_compared_sorted": (
+        "survives the five checks of the CI profile on the fixed seeds (runner.check_seed, measured 2026-12-02); killed by core "
+        "on the digest-derived draws of the same day: it needs a ref carrying a real extent's page runs in another order, for "
+        "an extent of two or more runs, which these draws do not send"
+    ),
+    "demote_checks_first_page_backed": (
+        "survives the five checks of the CI profile on the fixed seeds (runner.check_seed, measured 2026-12-02); killed by tiers "
+        "on the digest-derived draws of the same day: it needs a Demote of an extent whose first page is backed up and a later "
+        "page is not, which these draws do not send"
+    ),
     "plan_backup_unchecked": (
         "survives all four checks on the draws after issue 17 too (measured 2026-12-02, 644 s under load); needs a Backup intent in an execute_batch that needs more host pages than are free (OutOfPages(L2) at "
         "execute, section 4.5): many host pages in use at once, which the CI profile does not reach"
@@ -981,8 +991,6 @@ SITUATION_KILLED_BY: dict[str, str] = {
     "restart_refuses_in_flight": "restart",
     "restart_leaks_in_flight_pages": "restart",
     "restart_bumps_every_slot": "restart",
-    "runs_compared_sorted": "core",
-    "demote_checks_first_page_backed": "tiers",
     "cancel_executed_not_prepared": "core",
     "host_pool_sized_as_device": "tiers",
     "submit_restore_counts_resident": "tiers",

@@ -857,11 +857,19 @@ OPERATION_ERRORS: dict[str, dict[str, tuple[str, ...]]] = {
     "wait_completions": {},
     "restart": {"Unsupported": ("situation.restart_refuses_in_flight",)},
 }
-# InvalidArgument (every operation that takes arguments) and ComputeFailed (execute_batch)
-# came after this table was written (issue 17); no mutant of this family covers them yet.
+# InvalidArgument (every operation that takes arguments), ComputeFailed (execute_batch) and
+# RuntimeFault (every operation but info and restart) came after this table was written
+# (issue 17); the last two are the faults check's, and the fault mutants fill their cells.
 for _operation in ("close_request", "prepare_batch", "execute_batch", "cancel_batch", "publish", "split", "retain", "release", "submit"):
     OPERATION_ERRORS[_operation]["InvalidArgument"] = ()
-OPERATION_ERRORS["execute_batch"]["ComputeFailed"] = ()
+OPERATION_ERRORS["execute_batch"]["ComputeFailed"] = (
+    "faults.failed_batch_committed",
+    "faults.reads_of_failed_restore_served",
+    "faults.reads_of_reported_failure_served",
+)
+for _operation in OPERATION_ERRORS:
+    if _operation != "restart":
+        OPERATION_ERRORS[_operation]["RuntimeFault"] = ("faults.lost_machinery_serves",)
 
 #: Cells of the table whose only possible mutant is of one kind, and why (from the spec).
 UNREACHABLE: dict[tuple[str, str], str] = {
@@ -883,11 +891,6 @@ UNREACHABLE: dict[tuple[str, str], str] = {
         )
         for operation in ("close_request", "prepare_batch", "execute_batch", "cancel_batch", "publish", "split", "retain", "release", "submit")
     },
-    ("execute_batch", "ComputeFailed"): (
-        "the suite's runners never fail, so only a spurious ComputeFailed shows; a real compute failure reaches the suite "
-        "only with fault injection (issue 17, item 3); tests/runtime/test_runtime_compute_failure.py holds the runtime "
-        "to the model there"
-    ),
 }
 
 #: The situations issue 14 measured the CI profile never reaching -> the mutants that need one.

@@ -54,10 +54,12 @@ def prepare(ledger: Ledger, plan: BatchPlan) -> PreparedBatchHandle:
     ps = ledger.page_size
     restores = [intent for intent in plan.intents if isinstance(intent, Restore)]
     restored: dict[int, None] = {}  # page names this plan gives a device copy, in order
+    kept: set[int] = set()  # page names whose dropping device copy this plan's restore keeps (nothing moves)
     for intent in restores:
         pages = ledger.extents[intent.extent.generation].pages
         tiers.require_host_copies(ledger, pages, intent.extent.generation)
         restored.update(dict.fromkeys(tiers.lacking(ledger, pages, Tier.L1)))
+        kept.update(pages)
     shapes, needed = [], len(restored)
     for item, slot in zip(plan.items, slots):
         if item.new_tokens < 1:
@@ -67,7 +69,7 @@ def prepare(ledger: Ledger, plan: BatchPlan) -> PreparedBatchHandle:
         if item.append_previous_output and slot.produced <= slot.appended:
             raise RequestBusy(f"slot {item.request.slot_id} has no output to append")
         attached = [name for ref in item.attach for name in ledger.extents[ref.generation].pages]
-        if any(Tier.L1 not in ledger.pages[name].copies and name not in restored for name in attached):
+        if any(not tiers.counts(ledger, name, Tier.L1) and name not in restored and name not in kept for name in attached):
             raise NotResident(f"an extent attached to slot {item.request.slot_id} is not on the device; add a Restore")
         start = len(attached) * ps if item.attach else slot.reserved_tokens
         end = start + item.new_tokens

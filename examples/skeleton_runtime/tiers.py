@@ -36,9 +36,37 @@ def lacking(ledger: Ledger, pages: tuple[int, ...], tier: Tier) -> list[int]:
     return [name for name in dict.fromkeys(pages) if tier not in ledger.pages[name].copies]
 
 
+def counts(ledger: Ledger, name: int, tier: Tier) -> bool:
+    """Whether page `name` has a copy in `tier` that a precondition may count on: valid or filling.
+    A dropping copy (control asked to drop it; it stays until the other tier's copy lands) does not."""
+    copy = ledger.pages[name].copies.get(tier)
+    return copy is not None and copy.state is not CopyState.DROPPING
+
+
+def keep_dropping(ledger: Ledger, pages: tuple[int, ...], tier: Tier) -> None:
+    """A restore (tier L1) or backup (L2) keeps the pages' dropping copies there: valid again, nothing moves."""
+    for name in dict.fromkeys(pages):
+        copy = ledger.pages[name].copies.get(tier)
+        if copy is not None and copy.state is CopyState.DROPPING:
+            copy.state = CopyState.VALID
+
+
+def drop_or_keep(ledger: Ledger, name: int, tier: Tier) -> None:
+    """A demote (tier L1) or drop (L2) of one page: the copy goes now if the other tier's copy is valid;
+    while that one is still filling, it stays, dropping, until it lands (write-back loses nothing)."""
+    copies = ledger.pages[name].copies
+    copy, other = copies.get(tier), copies.get(Tier.L2 if tier is Tier.L1 else Tier.L1)
+    if copy is None or copy.state is CopyState.DROPPING:
+        return
+    if other is not None and other.state is CopyState.FILLING:
+        copy.state = CopyState.DROPPING
+    else:
+        drop_copy(ledger, name, tier)
+
+
 def require_host_copies(ledger: Ledger, pages: tuple[int, ...], generation: int) -> None:
     """NotBackedUp unless every page without a device copy has a host copy (valid or filling)."""
-    if any(Tier.L2 not in ledger.pages[name].copies for name in lacking(ledger, pages, Tier.L1)):
+    if any(not counts(ledger, name, Tier.L2) for name in lacking(ledger, pages, Tier.L1)):
         raise NotBackedUp(f"extent {generation} has pages with neither a device nor a host copy")
 
 
@@ -59,33 +87,35 @@ def copy_over(ledger: Ledger, kind: TransferKind, generation: int, pages: tuple[
 
 def backup(ledger: Ledger, generation: int, pages: tuple[int, ...]) -> TransferTicket:
     """Pages without a host copy get a filling one, and a D2H starts (it reads device copies
-    written by executed compute only, since extents hold computed pages: O2)."""
+    written by executed compute only, since extents hold computed pages: O2); dropping host copies are kept."""
+    keep_dropping(ledger, pages, Tier.L2)
     return copy_over(ledger, TransferKind.BACKUP, generation, pages)
 
 
 def restore(ledger: Ledger, generation: int, pages: tuple[int, ...]) -> TransferTicket:
-    """Pages without a device copy get a filling one, and an H2D starts, behind any backup still filling its sources."""
+    """Pages without a device copy get a filling one, and an H2D starts; dropping device copies are kept."""
     require_host_copies(ledger, pages, generation)
+    keep_dropping(ledger, pages, Tier.L1)
     return copy_over(ledger, TransferKind.RESTORE, generation, pages)
 
 
 def demote(ledger: Ledger, generation: int, pages: tuple[int, ...]) -> None:
     """Device copies go (freed once no transfer reads them: O3), if every page is or is being backed up
     and no live row maps one (scenario 9)."""
-    if any(Tier.L2 not in ledger.pages[name].copies for name in pages):
+    if any(not counts(ledger, name, Tier.L2) for name in pages):
         raise NotBackedUp(f"extent {generation} has pages with no host copy; back it up first")
     if any(slot.live and set(slot.pages) & set(pages) for slot in ledger.slots):
         raise ExtentInUse(f"a live request row maps pages of extent {generation}")
     for name in dict.fromkeys(pages):
-        drop_copy(ledger, name, Tier.L1)
+        drop_or_keep(ledger, name, Tier.L1)
 
 
 def drop(ledger: Ledger, generation: int, pages: tuple[int, ...]) -> None:
     """Host copies go (freed once no transfer reads them), if every page keeps a device copy."""
-    if any(Tier.L1 not in ledger.pages[name].copies for name in pages):
+    if any(not counts(ledger, name, Tier.L1) for name in pages):
         raise WouldLoseData(f"extent {generation} has pages whose only copy is on the host")
     for name in dict.fromkeys(pages):
-        drop_copy(ledger, name, Tier.L2)
+        drop_or_keep(ledger, name, Tier.L2)
 
 
 MOVES = {Backup: backup, Restore: restore, Demote: demote, Drop: drop}

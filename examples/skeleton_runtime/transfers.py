@@ -13,7 +13,7 @@ from __future__ import annotations
 from cacheruntime.protocol import CopyState, TransferCompletion, TransferKind, TransferTicket
 
 from .ledger import DIRECTION, Ledger, Transfer
-from .pages import touched
+from .pages import drop_copy, touched
 
 
 def start_transfer(ledger: Ledger, kind: TransferKind, extent_generation: int, moves: list[tuple[int, int, int]]) -> TransferTicket:
@@ -48,6 +48,9 @@ def complete_transfer(ledger: Ledger, transfer_id: int) -> None:
         copy = page.copies.get(destination_tier) if page is not None else None
         if copy is not None and copy.phys == dst and copy.state is CopyState.FILLING:
             copy.state = CopyState.VALID
+            source = page.copies.get(source_tier) if page is not None else None
+            if source is not None and source.state is CopyState.DROPPING:
+                drop_copy(ledger, name, source_tier)  # write-back: the copy it waited for has landed
     for tier, phys in [(source_tier, src) for _, src, _ in transfer.moves] + [(destination_tier, dst) for _, _, dst in transfer.moves]:
         pool = ledger.pools[tier]
         if phys in pool.deferred and not touched(ledger, tier, phys):

@@ -5,18 +5,23 @@ import attrs
 from cacheruntime.conformance import projection
 from cacheruntime.conformance.renaming import Kind, Renaming
 from cacheruntime.model import ReferenceModel
-from cacheruntime.protocol import AbstractState, Backup, BatchItem, BatchPlan, Demote, Tier
+from cacheruntime.protocol import AbstractState, Backup, BatchItem, BatchPlan, Demote, Restore, Tier
 
 
 def scenario() -> AbstractState:
-    """Two rows, one published and backing up (its device pages demoted: deferred behind the backup), one closed."""
+    """Two rows, one published, backed up and demoted, then restored and demoted again while the restore
+    runs (its new device pages deferred behind the H2D), one closed."""
     model = ReferenceModel(runtime_id="rt", page_size=2, max_requests=3, max_request_tokens=16, l1_pages=8, l2_pages=8)
     first, second, third = model.open_request(), model.open_request(), model.open_request()
     model.execute_batch(model.prepare_batch(BatchPlan((BatchItem(first, (1, 2, 3, 4)), BatchItem(second, (5, 6, 7)), BatchItem(third, (8,))))))
     extent = model.publish(first, 0, 2)
     model.close_request(first)
     model.close_request(third)
-    model.submit((Backup(extent), Demote(extent)))
+    model.submit((Backup(extent),))
+    model.wait_completions()
+    model.submit((Demote(extent),))
+    model.submit((Restore(extent),))
+    model.submit((Demote(extent),))  # the filling device copies go; their pages wait for the H2D (O3)
     return model.probe()
 
 

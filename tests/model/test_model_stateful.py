@@ -39,6 +39,7 @@ from cacheruntime.protocol import (
     CacheExtentRef,
     CacheRuntimeError,
     Close,
+    ComputeFailed,
     CopyState,
     Demote,
     Drop,
@@ -450,7 +451,7 @@ class ModelMachine(RuleBasedStateMachine):
             state, slots, the_plan = self.bstate[b.batch_id]
             if state == "executed":
                 expect = AlreadyExecuted
-            elif state == "cancelled":
+            elif state in ("cancelled", "failed"):
                 expect = NotPrepared
             elif any(o < b.batch_id and s == "prepared" and slots & ss for o, (s, ss, _) in self.bstate.items()):
                 expect = OutOfOrder
@@ -458,7 +459,18 @@ class ModelMachine(RuleBasedStateMachine):
                 expect = OK
             else:  # recorded intents are checked against the state after compute
                 allowed = (OutOfPages, InvalidPageRun, ExtentInUse, NotBackedUp, WouldLoseData, StaleHandle, RequestBusy)
+            view = self.m.probe()
+            copies = {p.page: p.l1 for p in view.pages}
+            if expect is OK or allowed:  # a page a row reads whose restore failed (FailTransfer): the batch fails (§4.5)
+                if any(copies.get(p) is CopyState.ABSENT for slot in slots for p in view.slots[slot].pages):
+                    expect, allowed = (ComputeFailed, ()) if expect is OK else (None, (*allowed, ComputeFailed))
         done = self.call(name, expect, self.m.execute_batch, b, allowed=allowed)
+        if isinstance(done, ComputeFailed):
+            for failed in done.batches:
+                self.bstate[failed][0] = "failed"
+                for i in self.bstate[failed][2].items:
+                    self.outputs[i.request.slot_id] -= 1 - int(i.append_previous_output)
+            return done
         if self.failed(done):
             return done
         self.bstate[b.batch_id][0] = "executed"
@@ -495,7 +507,7 @@ class ModelMachine(RuleBasedStateMachine):
             state, slots, _ = self.bstate[b.batch_id]
             if state == "executed":
                 expect = AlreadyExecuted
-            elif state == "cancelled":
+            elif state in ("cancelled", "failed"):
                 expect = NotPrepared
             elif any(o > b.batch_id and s == "prepared" and slots & ss for o, (s, ss, _) in self.bstate.items()):
                 expect = BatchDependency

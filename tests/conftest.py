@@ -2,11 +2,18 @@
 set) and `deep` (randomized, long, failures kept in the example database for replay).
 
 Select one with `--hypothesis-profile=deep` or `HYPOTHESIS_PROFILE=deep`.
+
+Every test draws independently of which modules the session has imported
+(`independent_of_loaded_modules`): a derandomized test passes or fails the same alone and
+inside the whole suite.
 """
 
+import contextlib
 import os
 
 from hypothesis import HealthCheck, settings
+
+from cacheruntime.conformance.draws import independent_of_loaded_modules
 
 settings.register_profile(
     "ci",
@@ -26,3 +33,13 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+_draws = contextlib.ExitStack()
+
+
+def pytest_configure(config):
+    _draws.enter_context(independent_of_loaded_modules())
+
+
+def pytest_unconfigure(config):
+    _draws.close()

@@ -13,7 +13,8 @@ after every step, and the model's transfers complete at the end of each step.
 `--transfer-fault-rate P` and `--compute-fault-rate P` make about that share of the
 transfers (backups and restores that move a page) and of the computes fail on
 LocalGPURuntime (FAULT_INJECTION, `FaultInjector`); control retries the turns they hit
-(issue 17, item 7). The summary reports the faults injected and seen, and the turns
+(issue 17, item 7). `--lost-fault-rate P` kills the stream worker of about that share of
+transfer launches: the runtime raises RuntimeFault until control restarts it and rebuilds. The summary reports the faults injected and seen, and the turns
 served, retried and abandoned; the output check covers every token served.
 """
 
@@ -64,13 +65,13 @@ class FaultInjector:
     the check of the error's cause. Each fault's site (spec/faults.md) is drawn too.
     """
 
-    def __init__(self, runtime: Any, *, transfer_rate: float, compute_rate: float, seed: int):
+    def __init__(self, runtime: Any, *, transfer_rate: float, compute_rate: float, lost_rate: float = 0.0, seed: int):
         from cacheruntime.runtime.device.layer import COMPUTE_FAULT_SITES, COPY_FAULT_SITES, InjectedFault
 
         self._runtime = runtime
         self._rng = random.Random(f"fault-injection/{seed}")
-        self._rates = {FaultKind.BACKUP: transfer_rate, FaultKind.RESTORE: transfer_rate, FaultKind.COMPUTE: compute_rate}
-        self._sites = {FaultKind.BACKUP: COPY_FAULT_SITES, FaultKind.RESTORE: COPY_FAULT_SITES, FaultKind.COMPUTE: COMPUTE_FAULT_SITES}
+        self._rates = {FaultKind.BACKUP: transfer_rate, FaultKind.RESTORE: transfer_rate, FaultKind.COMPUTE: compute_rate, FaultKind.LOST: lost_rate}
+        self._sites = {FaultKind.BACKUP: COPY_FAULT_SITES, FaultKind.RESTORE: COPY_FAULT_SITES, FaultKind.COMPUTE: COMPUTE_FAULT_SITES, FaultKind.LOST: (None,)}
         self._injected_error = InjectedFault
         self.fired: Counter[str] = Counter()  # faults that struck, by kind
         for kind in self._rates:
@@ -95,6 +96,15 @@ class FaultInjector:
                 self.fired[FaultKind.COMPUTE.value] += 1
                 self._arm(FaultKind.COMPUTE)
             raise
+
+    def restart(self) -> Any:
+        """Control restarts the runtime on RuntimeFault, which on this CPU runtime only a LOST
+        fault causes: it fired. The stream worker it killed took the pending count with it."""
+        info = self._runtime.restart()
+        if self._rates[FaultKind.LOST]:
+            self.fired[FaultKind.LOST.value] += 1
+            self._arm(FaultKind.LOST)
+        return info
 
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
         return self._seen(self._runtime.poll_completions())
@@ -140,6 +150,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prefill-tokens", type=positive_int, default=256, help="prompt tokens computed per batch")
     parser.add_argument("--transfer-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of backups and restores made to fail (LocalGPURuntime)")
     parser.add_argument("--compute-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of computes made to fail (LocalGPURuntime)")
+    parser.add_argument(
+        "--lost-fault-rate",
+        type=fault_rate,
+        default=0.0,
+        metavar="P",
+        help="share of transfer launches whose stream worker dies: RuntimeFault, control restarts the runtime (LocalGPURuntime)",
+    )
     parser.add_argument("--json", type=output_file, metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -208,7 +225,9 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
             "cancelled_batches": stats.cancelled_batches,
             "unresident_prepares": stats.unresident_prepares,
             "ladders_undone": stats.ladders_undone,
+            "runtime_faults": stats.runtime_faults,
         },
+        "recomputed_tokens": stats.recomputed_tokens,
         **(faults or {}),
         "output_check": check,
         "output_mismatches": mismatches,
@@ -221,9 +240,9 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= low <= high:
         print(f"cacheruntime run: error: argument --new-tokens: MIN must be at least 1 and MAX at least MIN, got {low} {high}", file=sys.stderr)
         return 2
-    faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0
+    faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0 or args.lost_fault_rate > 0
     if faulty and args.runtime != "local":
-        print("cacheruntime run: --transfer-fault-rate and --compute-fault-rate need --runtime local", file=sys.stderr)
+        print("cacheruntime run: --transfer-fault-rate, --compute-fault-rate and --lost-fault-rate need --runtime local", file=sys.stderr)
         return 2
     runtime, vocab = _runtime(args)
     source = (
@@ -246,7 +265,11 @@ def main(args: argparse.Namespace) -> int:
         check = "model invariants after every step"
         on_token = None
 
-    injector = FaultInjector(runtime, transfer_rate=args.transfer_fault_rate, compute_rate=args.compute_fault_rate, seed=args.seed) if faulty else None
+    injector = (
+        FaultInjector(runtime, transfer_rate=args.transfer_fault_rate, compute_rate=args.compute_fault_rate, lost_rate=args.lost_fault_rate, seed=args.seed)
+        if faulty
+        else None
+    )
     scheduler = Scheduler(
         injector or runtime,
         source,
@@ -287,7 +310,8 @@ def main(args: argparse.Namespace) -> int:
     faults = {
         "transfer_fault_rate": args.transfer_fault_rate,
         "compute_fault_rate": args.compute_fault_rate,
-        "faults_injected": {kind.value: injector.fired[kind.value] if injector else 0 for kind in (FaultKind.BACKUP, FaultKind.RESTORE, FaultKind.COMPUTE)},
+        "lost_fault_rate": args.lost_fault_rate,
+        "faults_injected": {kind.value: injector.fired[kind.value] if injector else 0 for kind in FaultKind},
         "turns": turns,
         "rss_kib_start": rss_start,
         "rss_kib_end": _rss_kib(),

@@ -181,9 +181,28 @@ def test_job_under_injected_faults_serves_correct_tokens(tmp_path, policy):
     assert summary["boundary_calls_per_batch"] <= summary["boundary_calls_per_batch_bound"]
 
 
+@pytest.mark.parametrize("policy", list(WritePolicy))
+def test_job_restarts_a_lost_runtime_and_serves_correct_tokens(tmp_path, policy):
+    """Stream workers die (LOST) mid-step on LocalGPURuntime: every call raises RuntimeFault
+    until control restarts the runtime and rebuilds; every turn is served or abandoned, and
+    every served token (those computed again after a restart included) equals recomputation."""
+    code, summary = run_job(tmp_path, "--lost-fault-rate", "0.05", "--transfer-fault-rate", "0.05", "--write-policy", policy.value, "--seed", "3")
+    print(json.dumps(summary))
+    assert code == 0 and summary["output_check"] == "reference_next_token" and summary["output_mismatches"] == 0
+    assert summary["turns_served"] + summary["turns_abandoned"] + summary["turns_never_started"] == summary["turns"] == 36
+    assert summary["faults_seen"]["runtime_faults"] == summary["faults_injected"]["lost"] > 0
+    assert summary["recomputed_tokens"] > 0 and summary["turns_served"] > summary["turns_abandoned"]
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("--transfer-fault-rate", "1.5"), ("--transfer-fault-rate", "-0.1"), ("--compute-fault-rate", "often"), ("--compute-fault-rate", "nan")],
+    [
+        ("--lost-fault-rate", "2"),
+        ("--transfer-fault-rate", "1.5"),
+        ("--transfer-fault-rate", "-0.1"),
+        ("--compute-fault-rate", "often"),
+        ("--compute-fault-rate", "nan"),
+    ],
 )
 def test_bad_fault_rates_are_one_line_errors_naming_the_option(capsys, option, value):
     with pytest.raises(SystemExit) as exit_info:
@@ -223,3 +242,76 @@ def test_fault_soak(tmp_path):
     assert summary["boundary_operations"] >= 100_000
     assert summary["turns_served"] + summary["turns_abandoned"] + summary["turns_never_started"] == summary["turns"]
     assert sum(summary["faults_injected"].values()) > 0
+
+
+def test_eviction_after_failures_takes_resident_nodes_only(monkeypatch):
+    """Failed transfers leave resident nodes below host-only ones (L1 not prefix-closed); the
+    tree evicts on the policy's resident closure (proved in Z3: e2_closure_evicts_only_resident,
+    e3_closure_frees_enough). Here: such evictions happen, each one queues intents for nodes
+    that were on L1 only, never for a host-only ancestor, and a node goes only with every
+    resident node below it (leaves first: evicting on the raw residency breaks this)."""
+    seen = {"evictions": 0, "not_closed": 0}
+    evict = TreeCore.evict
+
+    def checked_evict(tree, pages_needed):
+        nodes = tree.nodes()[1:]
+        resident = {n.ref.generation for n in nodes if n.l1}
+        below = {n.ref.generation: {d.ref.generation for d in tree._subtree(n)[1:]} for n in nodes}
+        not_closed = any(n.l1 and n.parent.parent is not None and not n.parent.l1 for n in nodes)
+        before = len(tree.outbox)
+        queued = evict(tree, pages_needed)
+        seen["evictions"] += 1
+        if not_closed and queued:
+            seen["not_closed"] += 1
+            evicted = {i.extent.generation for i in tree.outbox[before:]}
+            victims = evicted & set(tree.by_generation)  # host-only nodes below a released victim left the tree with it
+            for generation in victims:
+                assert generation in resident, f"evicted host-only node {generation}"
+                left = {d for d in below[generation] & resident if d not in evicted and d in tree.by_generation}
+                assert not left, f"evicted node {generation} before the resident nodes {left} below it"
+        return queued
+
+    monkeypatch.setattr(TreeCore, "evict", checked_evict)
+    for seed, policy, l1_pages in CASES:
+        serve_under_faults(seed, policy, l1_pages)
+    assert seen["not_closed"] > 0, seen
+
+
+def serve_losing_the_runtime(policy, lose_at):
+    """The workload on the model, whose machinery is lost after the steps in `lose_at`. The
+    model's tokens digest its copies' write versions, not only the context, so its outputs
+    are checked by its invariants (D1 among them) after every step, not against a clean run."""
+    model = ReferenceModel(page_size=PS, max_requests=4, max_request_tokens=128, l1_pages=40, l2_pages=48)
+
+    def on_step(scheduler):
+        while model.completable():
+            for transfer in model.completable():
+                model.complete_transfer(transfer)
+        model.check_invariants()
+        if scheduler.stats.steps in lose_at:
+            model.lose()
+
+    source = synthetic(SyntheticConfig(requests=30, seed=5, arrival_gap=1))
+    scheduler = Scheduler(model, source, write_policy=policy)
+    stats = scheduler.run(on_step=on_step)
+    model.check_invariants()
+    assert stats.turns_served + stats.turns_abandoned + stats.turns_never_started == source.total == 30
+    assert not scheduler.running and not scheduler.waiting
+    assert all(not slot.live for slot in model.probe().slots)
+    tree_matches_runtime(scheduler.tree, model)
+    return stats
+
+
+@pytest.mark.parametrize("policy", list(WritePolicy))
+def test_a_lost_runtime_is_restarted_and_every_turn_served(policy):
+    """RuntimeFault (spec §4.15) in the middle of serving: control restarts the runtime,
+    rebuilds on the new epoch and retries the running turns from their prompts. Every turn
+    is served once (tokens computed again are counted apart); `cacheruntime run
+    --lost-fault-rate` checks the served tokens against recomputation on LocalGPURuntime."""
+    clean = serve_losing_the_runtime(policy, lose_at=set())
+    lost = serve_losing_the_runtime(policy, lose_at={6, 19, 33, 50})
+    assert lost.runtime_faults == 4 and clean.runtime_faults == 0
+    assert lost.turns_served == clean.turns_served == 30
+    assert lost.recomputed_tokens > 0 and lost.retries >= 4
+    assert lost.generated_tokens == clean.generated_tokens and lost.requests == clean.requests
+    assert lost.prompt_tokens == clean.prompt_tokens

@@ -39,8 +39,15 @@ def _symbolic_tree(size: int):
         "unlock": policy.unlock(Z3OPS, view, node),
         "eviction_order": policy.eviction_order(Z3OPS, view, need),
         "select_victims": policy.select_victims(Z3OPS, view, need),
+        "shaped": policy.shaped(Z3OPS, view),
+        "resident_closure": _fields(policy.resident_closure(Z3OPS, view)),
+        "closure_eviction_order": policy.eviction_order(Z3OPS, policy.resident_closure(Z3OPS, view), need),
     }
     return tree, terms
+
+
+def _fields(view):
+    return (view.parent, view.lock_ref, view.page_count, view.in_l1, view.last_access)
 
 
 def _substitute(terms, pairs):
@@ -90,6 +97,9 @@ def test_policy_terms_evaluate_to_the_concrete_results(tree, data):
         "unlock": policy.unlock(CONCRETE, tree, node),
         "eviction_order": policy.eviction_order(CONCRETE, tree, need),
         "select_victims": policy.select_victims(CONCRETE, tree, need),
+        "shaped": policy.shaped(CONCRETE, tree),
+        "resident_closure": _fields(policy.resident_closure(CONCRETE, tree)),
+        "closure_eviction_order": policy.eviction_order(CONCRETE, policy.resident_closure(CONCRETE, tree), need),
     }
     for name, result in concrete.items():
         assert _substitute(terms[name], pairs) == result, name

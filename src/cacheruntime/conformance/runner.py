@@ -20,6 +20,7 @@ from hypothesis import seed
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from cacheruntime.conformance.draws import independent_of_loaded_modules
 from cacheruntime.conformance.failure import ConformanceFailure, Signature, readable
 from cacheruntime.conformance.statemachine import CHECKS, machine_for, reproduction
 from cacheruntime.conformance.target import Target
@@ -159,7 +160,8 @@ def _run_once(target: Target, check: str, settings: Settings, set_aside: frozens
     if settings.derandomize:
         seed(check_seed(check))(machine)
     try:
-        run_state_machine_as_test(machine, settings=settings)
+        with independent_of_loaded_modules():
+            run_state_machine_as_test(machine, settings=settings)
     except Exception as raised:  # every way a runtime can fail is a verdict
         failure = _conformance_failure(raised)
         steps = _steps(list(getattr(raised, "__notes__", [])))

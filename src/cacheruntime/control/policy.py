@@ -15,6 +15,16 @@ API (every function takes the ops namespace first):
   `in_l1[i]` says whether they are on the device; `last_access[i]` orders LRU. The root
   holds no pages and is never evicted. `well_formed(ops, t)` states these preconditions,
   with the tree's own invariant that L1 residency is prefix-closed.
+- `shaped(ops, t)`: the same without prefix closure, which a failed transfer can break
+  (spec/protocol.md §5.3): a failed restore leaves host-only a node whose descendants were
+  restored with it; a failed write-back backup puts a node back on L1 under a parent
+  demoted since. TreeCore keeps its nodes' residency as the runtime's copies are, and
+  evicts on `resident_closure` of it.
+- `resident_closure(ops, t) -> TreeView`: the view eviction runs on. A node counts as
+  resident when it or a node below it is, and holds its pages in the view only when it is
+  itself resident: the view is well formed whenever `t` is shaped, and a victim that is not
+  resident frees nothing (it is passed over) and is taken only after every resident node
+  below it. Z3 proves this (`e2_closure_evicts_only_resident`).
 - `locked_paths(ops, t) -> tuple[bool]`: per node, `on_path_to_locked` for all at once, O(N).
 - `on_path_to_locked(ops, t, i) -> bool`: `i` is an ancestor-or-self of a node with
   `lock_ref > 0`. Computed from the lock_refs below `i`, not from `lock_ref[i]` alone, so
@@ -62,16 +72,29 @@ class TreeView:
         return len(self.parent)
 
 
-def well_formed(ops: Any, t: TreeView) -> Any:
-    """The preconditions the policy assumes: a tree, no negative counts, L1 prefix-closed."""
-    clauses = []
-    for i in range(1, t.size):
-        parent = t.parent[i]
-        clauses.append(ops.And(0 <= parent, parent < i))
-        clauses.append(ops.Or(ops.Not(t.in_l1[i]), parent == 0, ops.Get(t.in_l1, parent)))
+def shaped(ops: Any, t: TreeView) -> Any:
+    """A tree (parents before children) with no negative counts; residency unconstrained."""
+    clauses = [ops.And(0 <= t.parent[i], t.parent[i] < i) for i in range(1, t.size)]
     clauses.extend(ref >= 0 for ref in t.lock_ref)
     clauses.extend(pages >= 0 for pages in t.page_count)
     return ops.And(*clauses)
+
+
+def well_formed(ops: Any, t: TreeView) -> Any:
+    """The preconditions the policy assumes: shaped, and L1 prefix-closed."""
+    closed = [ops.Or(ops.Not(t.in_l1[i]), t.parent[i] == 0, ops.Get(t.in_l1, t.parent[i])) for i in range(1, t.size)]
+    return ops.And(shaped(ops, t), *closed)
+
+
+def resident_closure(ops: Any, t: TreeView) -> TreeView:
+    """The view with every ancestor of a resident node counted resident, holding no pages unless
+    it is resident itself (see the module docstring: what eviction runs on after failures)."""
+    resident_below = list(t.in_l1)
+    for child in range(t.size - 1, 0, -1):  # children before parents: parent[i] < i
+        below = resident_below[child]
+        ops.Scatter(resident_below, t.parent[child], lambda _, r, below=below: ops.Or(r, below))
+    pages = tuple(ops.If(resident, count, 0) for resident, count in zip(t.in_l1, t.page_count, strict=True))
+    return TreeView(t.parent, t.lock_ref, pages, tuple(resident_below), t.last_access)
 
 
 def locked_paths(ops: Any, t: TreeView) -> tuple[Any, ...]:

@@ -25,6 +25,12 @@ when a batch fails, the batch prepared after it is cancelled and undone too (its
 are not charged a retry), and so is a plan being prepared on the failed batch's outcome. A turn retried more than `MAX_TURN_RETRIES` times is abandoned: its row
 is closed and its follow-ups never arrive. Failed transfers are the tree's to take in
 (`TreeCore.transfers_done`).
+
+A runtime whose machinery is gone raises `RuntimeFault` on every call until `restart`
+(§4.15). The step it strikes is abandoned where it stands: control restarts the runtime and
+rebuilds on the new epoch (an empty tree: the cache died with the epoch), and every
+running turn is retried from its prompt, charged a retry like a failed batch. The tokens
+a retried turn had produced were served and stay so; it computes them again, the same.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from cacheruntime.protocol import (
     Release,
     RequestRuntimeHandle,
     Restore,
+    RuntimeFault,
     RuntimeInfo,
     RuntimeInterface,
     Tier,
@@ -134,6 +141,8 @@ class Stats:
     failed_restores: int = 0  # restore completions with `failure` set
     unresident_prepares: int = 0  # prepares refused (NotResident) over a restore failed since planning
     ladders_undone: int = 0  # plans given up for a step because backups failed under the page ladder
+    runtime_faults: int = 0  # RuntimeFault met: the runtime restarted, control rebuilt on the new epoch
+    recomputed_tokens: int = 0  # tokens computed again by turns retried after a restart (served once)
 
 
 class _Running:
@@ -203,8 +212,8 @@ class Scheduler:
     ):
         self.runtime = BoundaryCounter(runtime)
         self.info: RuntimeInfo = self.runtime.info()
-        l2 = self.info.l2_pages if Capability.L2 in self.info.capabilities else 0
-        self.tree = TreeCore(self.runtime, page_size=self.info.page_size, l2_pages=l2, write_policy=write_policy)
+        self.write_policy = write_policy
+        self.tree = self._empty_tree()
         self.source = source
         self.max_prefill_tokens = max_prefill_tokens
         self.headroom_pages = headroom_pages
@@ -214,6 +223,10 @@ class Scheduler:
         self.ahead: _Batch | None = None  # prepared, not executed
         self.stats = Stats()
         self.retries: Counter[str] = Counter()  # request id -> retries so far, while the turn is live
+
+    def _empty_tree(self) -> TreeCore:
+        l2 = self.info.l2_pages if Capability.L2 in self.info.capabilities else 0
+        return TreeCore(self.runtime, page_size=self.info.page_size, l2_pages=l2, write_policy=self.write_policy)
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -228,7 +241,10 @@ class Scheduler:
             self.step()
             if on_step is not None:
                 on_step(self)
-        self._account(self.runtime.wait_completions())
+        try:
+            self._account(self.runtime.wait_completions())
+        except RuntimeFault:
+            self._recover()  # every turn was served: only the cache is lost
         return self.stats
 
     def _skip_idle_steps(self) -> None:
@@ -243,6 +259,15 @@ class Scheduler:
     def step(self) -> None:
         """Plan and prepare batch N+1, execute batch N, poll transfers (B1: a fixed few calls)."""
         before = sum(n for op, n in self.runtime.calls.items() if op in STEP_CALLS)
+        try:
+            self._step()
+        except RuntimeFault:
+            self._recover()
+        self.stats.steps += 1
+        after = sum(n for op, n in self.runtime.calls.items() if op in STEP_CALLS)
+        self.stats.step_calls[after - before] += 1
+
+    def _step(self) -> None:
         for spec in self.source.arrivals(self.stats.steps):
             self._check_servable(spec)
             self.waiting.append(spec)
@@ -261,9 +286,34 @@ class Scheduler:
         failed_restores = self._account(self.runtime.poll_completions())
         if self.ahead is not None and failed_restores & self.ahead.attached:
             self._cancel_ahead()
-        self.stats.steps += 1
-        after = sum(n for op, n in self.runtime.calls.items() if op in STEP_CALLS)
-        self.stats.step_calls[after - before] += 1
+
+    def _recover(self) -> None:
+        """RuntimeFault: restart the runtime and rebuild control on its new epoch (module docstring)."""
+        self.stats.runtime_faults += 1
+        self.info = self.runtime.restart()
+        self.tree = self._empty_tree()
+        self.ahead = None
+        requeue = []
+        for r in self.running:
+            if r.outputs:  # its prefill was counted as served: the retry's is a recomputation
+                hit_l1, hit_l2, computed = r.hits
+                self.stats.requests -= 1
+                self.stats.prompt_tokens -= len(r.spec.prompt)
+                self.stats.computed_prompt_tokens -= computed
+                self.stats.hit_tokens_l1 -= hit_l1
+                self.stats.hit_tokens_l2 -= hit_l2
+                self.stats.generated_tokens -= len(r.outputs)
+                self.stats.recomputed_tokens += len(r.spec.prompt) + len(r.outputs)
+            retries = self.retries[r.spec.request_id] + 1
+            self.retries[r.spec.request_id] = retries
+            self.stats.retries += 1
+            self.stats.turns_retried += retries == 1
+            if retries > MAX_TURN_RETRIES:
+                self._abandon(r)
+            else:
+                requeue.append(r.spec)
+        self.running = []
+        self.waiting.extendleft(reversed(sorted(requeue, key=lambda spec: spec.arrival)))
 
     # -- planning -------------------------------------------------------------------------
 
@@ -309,9 +359,9 @@ class Scheduler:
             committed = sum(r.private_pages for r in self.running) + row_pages - match.pages + self.tree.locked_pages() + self.tree.unlocked_pages(match)
             if committed > self.info.l1_pages:
                 return
-            self.waiting.popleft()
             acquired = self.tree.acquire(match)
             handle = self.runtime.open_request()
+            self.waiting.popleft()  # after the call: a RuntimeFault leaves the turn waiting
             hits = (match.l1_pages * ps, match.l2_pages * ps, compute)
             r = _Running(spec, handle, match.pages, acquired.node if acquired.attach else None, row_pages, hits)
             self.running.append(r)
@@ -455,22 +505,24 @@ class Scheduler:
                 if id(r) not in {id(t) for t in touched}:
                     touched.append(r)
         requeue = []
-        for r in touched:
-            retries = self.retries[r.spec.request_id] + int(retried)
-            if retried:
-                self.retries[r.spec.request_id] = retries
-                self.stats.retries += 1
-                self.stats.turns_retried += retries == 1
-            if id(r) in prefilling or retries > MAX_TURN_RETRIES:
-                if r.lock is not None:
-                    self.tree.unlock(r.lock)
-                self.running.remove(r)
-                self.runtime.close_request(r.handle)
-                if retries > MAX_TURN_RETRIES:
-                    self._abandon(r)
-                else:
-                    requeue.append(r.spec)
-        self.waiting.extendleft(reversed(sorted(requeue, key=lambda spec: spec.arrival)))
+        try:
+            for r in touched:
+                retries = self.retries[r.spec.request_id] + int(retried)
+                if retried:
+                    self.retries[r.spec.request_id] = retries
+                    self.stats.retries += 1
+                    self.stats.turns_retried += retries == 1
+                if id(r) in prefilling or retries > MAX_TURN_RETRIES:
+                    if r.lock is not None:
+                        self.tree.unlock(r.lock)
+                    self.runtime.close_request(r.handle)  # first: a RuntimeFault leaves the turn running, for _recover
+                    self.running.remove(r)
+                    if retries > MAX_TURN_RETRIES:
+                        self._abandon(r)
+                    else:
+                        requeue.append(r.spec)
+        finally:
+            self.waiting.extendleft(reversed(sorted(requeue, key=lambda spec: spec.arrival)))
 
     def _abandon(self, r: _Running) -> None:
         """Give the turn up: it is not served, and its follow-ups never arrive."""

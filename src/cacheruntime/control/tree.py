@@ -30,7 +30,11 @@ Failure (spec/protocol.md §5.3). A transfer may fail; its completion says so. A
 `Restore` leaves the node host-only (its host copy is intact): the next match restores it
 again. A failed `Backup` leaves the node without a host copy; if it was demoted with it
 (write-back sends `Backup` and `Demote` together) the runtime kept the device copy, so the
-node is on L1 again. A node is not evicted while a backup or restore of it is in flight:
+node is on L1 again. Either can leave a node on L1 below a host-only one (a restore that
+failed under descendants restored with it; a backup that failed under a parent demoted
+since): L1 is then not prefix-closed, and eviction runs on the policy's
+`resident_closure`, which Z3 proves takes resident nodes only, leaves first. A node is not
+evicted while a backup or restore of it is in flight:
 a `Demote` sent after its backup was handed out could meet that backup failed at execute
 (`NotBackedUp`), and a failed restore's node must still be the node the ticket names.
 """
@@ -359,10 +363,14 @@ class TreeCore:
         if pages_needed <= 0:
             return 0
         nodes = self.nodes()
-        # A node with a transfer in flight waits for its completion (module docstring: Failure).
-        order = policy.eviction_order(CONCRETE, self._view(nodes, lambda n: n.l1, pseudo_lock=lambda n: n.in_flight > 0), pages_needed)
+        # A node with a transfer in flight waits for its completion; after a failure a resident
+        # node may sit below a host-only one, so the policy sees the closure (module docstring: Failure).
+        view = self._view(nodes, lambda n: n.l1, pseudo_lock=lambda n: n.in_flight > 0)
+        order = policy.eviction_order(CONCRETE, policy.resident_closure(CONCRETE, view), pages_needed)
         queued = 0
         for _, i in sorted((o, i) for i, o in enumerate(order) if o):
+            if not nodes[i].l1:
+                continue  # host-only above a resident node: counted resident by the closure, frees nothing
             if not self._evict_one(nodes[i]):
                 break  # later rounds may be its ancestors: they must stay while it stays
             queued += nodes[i].pages

@@ -74,6 +74,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "e2_leaves_first",
     ),
     Mutant(
+        "closure_one_level",
+        "after a failure, count a node resident only for a resident child, not for one further down",
+        policy,
+        "ops.Scatter(resident_below, t.parent[child], lambda _, r, below=below: ops.Or(r, below))",
+        "ops.Scatter(resident_below, t.parent[child], lambda _, r, below=t.in_l1[child]: ops.Or(r, below))",
+        "e2_closure_evicts_only_resident",
+    ),
+    Mutant(
+        "closure_counts_host_only_pages",
+        "after a failure, count the pages of a host-only node above a resident one as freed by its eviction",
+        policy,
+        "pages = tuple(ops.If(resident, count, 0) for resident, count in zip(t.in_l1, t.page_count, strict=True))",
+        "pages = tuple(t.page_count)",
+        "e3_closure_frees_enough",
+    ),
+    Mutant(
         "stop_one_page_early",
         "off-by-one in the page count: stop when one page is still missing",
         policy,

@@ -104,6 +104,15 @@ class _TreeSpec:
         """A well-formed tree (the policy's documented precondition) and a node inside it."""
         return z3.And(_bool(reference_policy.well_formed(Z3OPS, self.st.view)), 0 <= self.st.node, self.st.node < self.size)
 
+    def shaped(self) -> Any:
+        """A tree whose L1 residency failures may have left not prefix-closed (`policy.shaped`)."""
+        return _bool(reference_policy.shaped(Z3OPS, self.st.view))
+
+    def at_parent_resident(self, v: int) -> Any:
+        """Whether node v's parent is in L1."""
+        t = self.st.view
+        return z3.Or([z3.And(t.parent[v] == p, t.in_l1[p]) for p in range(v)])
+
     def on_path(self, k: int) -> Any:
         """Whether node k is an ancestor-or-self of the symbolic `node`."""
         return z3.Or([z3.And(self.st.node == d, self.ancestor[k][d]) for d in range(self.size)])
@@ -232,6 +241,49 @@ def _e2_evictable_exact(subjects: Subjects, bounds: Bounds) -> Iterator[Obligati
             spec.assumption(),
             computed == spec.at_node(expected),
             spec.explain({}, node=True),
+            witness if largest else None,
+        )
+
+
+def _closure_order(subjects: Subjects, spec: _TreeSpec) -> list[Any]:
+    """Eviction rounds as TreeCore runs them after failures: on the resident closure of the view."""
+    closure = subjects.policy.resident_closure(Z3OPS, spec.st.view)
+    return [_int(o) for o in subjects.policy.eviction_order(Z3OPS, closure, spec.st.pages_needed)]
+
+
+def _e2_closure_evicts_only_resident(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
+    """On any shaped tree (prefix closure not assumed): the closure is well formed; no victim is the
+    root or on a path to a lock; a victim that is not resident has a resident node below it evicted
+    earlier (it frees nothing: TreeCore passes over it); every resident node below a victim went first."""
+    for spec, largest in _trees(subjects, bounds):
+        t, n = spec.st.view, spec.size
+        closure = subjects.policy.resident_closure(Z3OPS, t)
+        order = _closure_order(subjects, spec)
+        clauses = [_bool(reference_policy.well_formed(Z3OPS, closure)), order[0] == 0]
+        for v in range(1, n):
+            below = range(v + 1, n)
+            first = [z3.Implies(z3.And(spec.ancestor[v][d], t.in_l1[d]), z3.And(order[d] > 0, order[d] < order[v])) for d in below]
+            cause = z3.Or([z3.And(spec.ancestor[v][d], t.in_l1[d], order[d] > 0, order[d] < order[v]) for d in below])
+            clauses.append(z3.Implies(order[v] > 0, z3.And(z3.Not(spec.locked_below[v]), z3.Or(t.in_l1[v], cause), *first)))
+        not_closed = z3.Or([z3.And(t.in_l1[v], t.parent[v] != 0, z3.Not(spec.at_parent_resident(v))) for v in range(1, n)])
+        witness = z3.And(spec.shaped(), not_closed, z3.Or([z3.And(order[v] > 0, z3.Not(t.in_l1[v])) for v in range(1, n)]))
+        yield Obligation(spec.shaped(), z3.And(clauses), spec.explain({"evicted_round": order}), witness if largest else None)
+
+
+def _e3_closure_frees_enough(subjects: Subjects, bounds: Bounds) -> Iterator[Obligation]:
+    """On any shaped tree: if the resident pages off every locked path are enough, the resident
+    victims free enough (the pages TreeCore's evictions actually free)."""
+    for spec, largest in _trees(subjects, bounds):
+        t, n, need = spec.st.view, spec.size, spec.st.pages_needed
+        order = _closure_order(subjects, spec)
+        evictable_pages = z3.Sum([z3.IntVal(0)] + [z3.If(z3.And(t.in_l1[v], z3.Not(spec.locked_below[v])), t.page_count[v], 0) for v in range(1, n)])
+        freed = _freed(t, tuple(z3.And(o > 0, r) for o, r in zip(order, t.in_l1, strict=True)))
+        not_closed = z3.Or([z3.And(t.in_l1[v], t.parent[v] != 0, z3.Not(spec.at_parent_resident(v))) for v in range(1, n)])
+        witness = z3.And(spec.shaped(), not_closed, freed >= need, need > 0)
+        yield Obligation(
+            spec.shaped(),
+            z3.Implies(evictable_pages >= need, freed >= need),
+            spec.explain({"evicted_round": order}),
             witness if largest else None,
         )
 
@@ -491,6 +543,22 @@ CHECKS: tuple[Check, ...] = (
     Check("e1_on_path_to_locked_exact", "E1", "on_path_to_locked(i) iff i is an ancestor-or-self of a locked node", "tree", _tree_bound, _e1_on_path_exact),
     Check("e2_leaves_first", "E2", "a victim is in L1 and every L1 node below it was evicted in an earlier round", "tree", _tree_bound, _e2_leaves_first),
     Check("e2_l1_stays_prefix_closed", "E2", "after eviction L1 residency is still prefix-closed", "tree", _tree_bound, _e2_prefix_closed),
+    Check(
+        "e2_closure_evicts_only_resident",
+        "E2",
+        "after failures (L1 not prefix-closed): eviction on the resident closure takes unlocked nodes, leaves first, resident ones only",
+        "tree",
+        _tree_bound,
+        _e2_closure_evicts_only_resident,
+    ),
+    Check(
+        "e3_closure_frees_enough",
+        "E3",
+        "after failures: if resident unlocked pages >= pages asked for, the resident victims free at least that many",
+        "tree",
+        _tree_bound,
+        _e3_closure_frees_enough,
+    ),
     Check("e2_evictable_is_unlocked_l1_leaf", "E2", "evictable(i) iff i is a non-root, unlocked-below L1 leaf", "tree", _tree_bound, _e2_evictable_exact),
     Check("e3_frees_enough", "E3", "if evictable pages >= pages asked for, the victims free at least that many", "tree", _tree_bound, _e3_frees_enough),
     Check("e3_stops_at_last_leaf", "E3", "rounds are 1..count; without the last victim the pages fall short", "tree", _tree_bound, _e3_stops_at_last_leaf),

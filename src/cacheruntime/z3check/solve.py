@@ -53,6 +53,8 @@ MEASURED: dict[str, int] = {
     "e1_on_path_to_locked_exact": 168422,
     "e2_leaves_first": 100485985,
     "e2_l1_stays_prefix_closed": 97470888,
+    "e2_closure_evicts_only_resident": 130230599,
+    "e3_closure_frees_enough": 333558765,
     "e2_evictable_is_unlocked_l1_leaf": 423083,
     "e3_frees_enough": 281779124,
     "e3_stops_at_last_leaf": 70454492,

@@ -7,10 +7,13 @@ a parameter or make an optional one required, and every misfit of a plugin is re
 from __future__ import annotations
 
 import inspect
+import json
+import subprocess
+from abc import abstractmethod
 from xml.etree import ElementTree
 
 import pytest
-from _sglang_env import ADAPTER_DIR, HAVE_SGLANG, SKIP_REASON
+from _sglang_env import ADAPTER_DIR, HAVE_SGLANG, REPO, SKIP_REASON
 
 if not HAVE_SGLANG:
     pytest.skip(SKIP_REASON, allow_module_level=True)
@@ -174,3 +177,35 @@ def test_exit_codes_and_one_junit_case_per_plugin(tmp_path, capsys):
     capsys.readouterr()
     assert plugins.main(["--no-discover", "--plugin", "no_such_module:Backend"]) == plugins.EXIT_BAD_INPUT
     assert capsys.readouterr().err == "error: plugin no_such_module:Backend: does not import (ModuleNotFoundError: No module named 'no_such_module')\n"
+
+
+def test_a_newer_sglangs_changed_abc_shows_as_drift_of_a_fitting_plugin(monkeypatch):
+    """The ABC is read from the installed SGLang: a new abstract method, or a new keyword its
+    callers pass, makes today's fitting kvblockd backend misfit."""
+    kvblockd = plugins.load(KVBLOCKD)
+
+    def batch_get_v1(self, keys, host_indices, extra_info=None, layer_range=None):
+        return [False] * len(keys)
+
+    monkeypatch.setattr(HiCacheStorage, "batch_get_v1", batch_get_v1)
+    monkeypatch.setattr(HiCacheStorage, "evict", abstractmethod(lambda self, keys: None), raising=False)
+    monkeypatch.setattr(HiCacheStorage, "__abstractmethods__", HiCacheStorage.__abstractmethods__ | {"evict"})
+    assert set(plugins.check(kvblockd).misfits) == {"missing abstract method evict", "batch_get_v1: drops parameter layer_range"}
+
+
+def test_expected_misfits_do_not_fail_unlisted_ones_do(tmp_path, capsys):
+    misfits = f"{__name__}:MisfitsThreeWays"
+    expected = tmp_path / "expected.toml"
+    listed = ["missing abstract method exists", "get: renames parameter target_location to location"]
+    expected.write_text(f'"{misfits}" = {json.dumps(listed)}\n')  # a JSON list of plain strings is TOML
+    assert plugins.main(["--no-discover", "--plugin", misfits, "--expected", str(expected)]) == plugins.EXIT_PLUGIN_MISFIT
+    assert "batch_get: makes optional parameter target_locations required  <- unexpected" in capsys.readouterr().out
+    listed += ["batch_get: makes optional parameter target_locations required", "exists: drops parameter key"]
+    expected.write_text(f'"{misfits}" = {json.dumps(listed)}\n')  # a JSON list of plain strings is TOML
+    assert plugins.main(["--no-discover", "--plugin", misfits, "--expected", str(expected)]) == 0
+    assert f"{misfits}: no longer occurs: exists: drops parameter key" in capsys.readouterr().out
+
+
+def test_the_gate_names_its_plugin_option():
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gate_sglang.sh"), "--bogus"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "[--plugin MODULE:CLASS]..." in proc.stderr

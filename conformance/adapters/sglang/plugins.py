@@ -41,6 +41,7 @@ import sys
 import tomllib
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from xml.etree import ElementTree
 
 import attrs
@@ -168,13 +169,18 @@ def _method_signature(cls: type, name: str) -> inspect.Signature | None:
     return signature
 
 
+def _abstract(abc: type) -> frozenset[str]:
+    """The names `abc` leaves abstract (none for a class that is no ABC)."""
+    return frozenset(getattr(abc, "__abstractmethods__", ()))
+
+
 def _interface_methods(abc: type) -> Iterator[str]:
     """The public and the abstract methods the ABC and its bases declare: SGLang calls them on any backend."""
     seen: set[str] = set()
     for klass in abc.__mro__[:-1]:
         for name, value in vars(klass).items():
             declared = isinstance(value, staticmethod | classmethod | types.FunctionType)
-            if declared and name not in seen and (name in abc.__abstractmethods__ or not name.startswith("_")):
+            if declared and name not in seen and (name in _abstract(abc) or not name.startswith("_")):
                 seen.add(name)
                 yield name
 
@@ -189,7 +195,7 @@ def interface_misfits(cls: type, interface: Interface) -> list[str]:
     for name in _interface_methods(abc):
         owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
         if owner is None or owner in abc.__mro__ or getattr(getattr(cls, name), "__isabstractmethod__", False):
-            if name in abc.__abstractmethods__:
+            if name in _abstract(abc):
                 misfits.append(f"missing abstract method {name}")
             continue
         if not callable(getattr(cls, name)):
@@ -244,14 +250,14 @@ def discover() -> Iterator[Verdict]:
     for dist in importlib.metadata.distributions():
         meta = dist.metadata
         name = meta["Name"]
-        about = " ".join([name, meta.get("Summary") or "", meta.get("Keywords") or "", *(dist.requires or [])])
+        about = " ".join([*(meta.get_all("Summary") or []), *(meta.get_all("Keywords") or []), name, *(dist.requires or [])])
         if name.lower() == "sglang" or "sglang" not in about.lower():
             continue
         for file in dist.files or ():
             module_name = _module_name(str(file))
             if module_name is None:
                 continue
-            source = dist.locate_file(file).read_text(encoding="utf-8", errors="replace")
+            source = Path(str(dist.locate_file(file))).read_text(encoding="utf-8", errors="replace")
             if not any(abc in source for abc in abc_names):
                 continue
             try:

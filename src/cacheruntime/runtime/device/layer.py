@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from cacheruntime.protocol import Tier, TransferKind
-from cacheruntime.runtime.device.deadstreams import StreamDead, StreamWorkerDied
+from cacheruntime.runtime.device.deadstreams import StreamDead, StreamWorkerDied, device_broken
 from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.reqtotoken import ReqToToken
@@ -231,7 +231,9 @@ class DeviceLayer:
                 self.launched[t].result.result()
             except StreamDead:
                 raise
-            except Exception:
+            except Exception as error:
+                if device_broken(error):
+                    raise  # not this copy's failure: the device's (RuntimeFault)
                 failed.add(t)
         return failed
 
@@ -244,6 +246,10 @@ class DeviceLayer:
     def alive(self) -> bool:
         """Whether every stream's worker still runs (a dead one is found directly, never by a timeout)."""
         return self.compute.alive and self.h2d.alive and self.d2h.alive
+
+    def broken(self) -> bool:
+        """Whether a stream saw the CUDA device break (a sticky error: `DeviceBroken`)."""
+        return any(getattr(stream, "broken", False) for stream in (self.compute, self.h2d, self.d2h))
 
     def replace_streams(self) -> None:
         """After RuntimeLost: new streams and an empty throttle; every launch is forgotten (restart)."""

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from cacheruntime.runtime.device.deadstreams import StreamDead, StreamWorkerDied, abandon
+from cacheruntime.runtime.device.deadstreams import DeviceBroken, StreamDead, StreamWorkerDied, abandon, device_broken
 from cacheruntime.runtime.device.simulated import Schedule, SimStream
 
 
@@ -254,7 +254,8 @@ class CudaStream:
     def __init__(self, name: str, device: torch.device, priority: int = 0):
         self.name = name
         self.device = device
-        self.alive = True  # False once a launch raised StreamWorkerDied (an injected LOST fault)
+        self.alive = True  # False once a launch raised StreamWorkerDied (an injected LOST fault), or the device broke
+        self.broken = False  # a sticky CUDA error was seen on this stream (DeviceBroken)
         self._stream = torch.cuda.Stream(device, priority=priority)
 
     def submit(self, fn: Callable[[], Any]) -> Ready | Failed:
@@ -269,15 +270,27 @@ class CudaStream:
                 self.alive = False  # the next call finds it (the runtime checks every stream's liveness)
                 return Failed(StreamDead(f"the {self.name} stream died launching this"))
             except Exception as error:
-                return Failed(error)
+                return Failed(self._broken(error) if device_broken(error) else error)
+
+    def _broken(self, error: BaseException) -> DeviceBroken:
+        """A sticky CUDA error seen on this stream: it is dead, and the device with it."""
+        self.alive = False
+        self.broken = True
+        return DeviceBroken(f"the CUDA device is broken ({type(error).__name__}: {str(error).splitlines()[0]})")
 
     def record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()
-        event.record(self._stream)
+        try:
+            event.record(self._stream)
+        except RuntimeError as error:
+            raise (self._broken(error) if device_broken(error) else error) from error
         return event
 
     def wait(self, event: torch.cuda.Event) -> None:
-        self._stream.wait_event(event)
+        try:
+            self._stream.wait_event(event)
+        except RuntimeError as error:
+            raise (self._broken(error) if device_broken(error) else error) from error
 
     def sleep(self, seconds: float) -> None:
         """Spin the stream for about `seconds` (`torch.cuda._sleep`), delaying later work on it."""
@@ -285,7 +298,10 @@ class CudaStream:
             torch.cuda._sleep(int(seconds * self._calibrate(self.device)))
 
     def synchronize(self) -> None:
-        self._stream.synchronize()
+        try:
+            self._stream.synchronize()
+        except RuntimeError as error:
+            raise (self._broken(error) if device_broken(error) else error) from error
 
     def close(self) -> None:
         """Nothing to stop: CUDA streams need no worker."""

@@ -32,7 +32,7 @@ class FaultHandling:
     ledger: Ledger
     device_layer: DeviceLayer
     lost_cause: str
-    device_is_broken: bool
+    device_is_broken = False  # a sticky CUDA error was seen: restart cannot help (DeviceBroken)
 
     if TYPE_CHECKING:
 
@@ -68,6 +68,8 @@ class FaultHandling:
     def fail_batch(self, batch: PreparedBatchHandle, cause: str, lost_reads: set[int], injected: bool, error: BaseException | None = None) -> NoReturn:
         """The batch's compute cannot run or failed: undo the call, fail the restores it read that
         failed, fail the batch and its dependents, commit that, raise ComputeFailed (§4.5, F2)."""
+        if error is not None and device_broken(error):
+            raise error  # the machinery is gone (RuntimeFault, by the call's wrapper), not this batch's compute
         ledger = self.ledger
         ledger.txn.rollback()
         for transfer_id in sorted(lost_reads):
@@ -95,7 +97,10 @@ class FaultHandling:
         return ledger.count_toward_fault(FaultKind.COMPUTE)
 
     def check_machinery(self, operation: str) -> None:
-        """RuntimeFault at once while the machinery is gone (a stream worker died); `info` and `restart` still run."""
+        """RuntimeFault at once while the machinery is gone (a stream worker died); `info` and `restart`
+        still run, except a `restart` on a broken device: no stream on it would run."""
+        if operation == "restart" and self.device_is_broken:
+            raise RuntimeFault(f"restart: {self.lost_cause}; the CUDA context stays broken in this process: only a new process recovers")
         state = self.ledger.state
         if not state.lost and self.device_layer.alive():
             return
@@ -118,8 +123,3 @@ class FaultHandling:
         self.device_is_broken = self.device_is_broken or isinstance(error, DeviceBroken)
         beyond = "; the CUDA context stays broken in this process: only a new process recovers" if self.device_is_broken else ""
         return RuntimeFault(f"the runtime's machinery is gone: {error}{beyond}")
-
-    def check_restartable(self) -> None:
-        """`restart` replaces dead streams, but no stream on a broken device would run."""
-        if self.device_is_broken:
-            raise RuntimeFault(f"restart: {self.lost_cause}; the CUDA context stays broken in this process: only a new process recovers")

@@ -38,7 +38,7 @@ from cacheruntime.protocol import (
     TransferTicket,
     Unsupported,
 )
-from cacheruntime.runtime.device.deadstreams import StreamDead, device_broken
+from cacheruntime.runtime.device.deadstreams import StreamDead
 from cacheruntime.runtime.device.layer import DeviceLayer, ReadsFailed
 from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
@@ -122,7 +122,6 @@ class LocalGPURuntime(FaultHandling):
             vocab_size=(config or DecoderConfig()).vocab,
         )
         self.lost_cause = ""  # why the machinery is gone, while `ledger.state.lost`
-        self.device_is_broken = False  # a sticky CUDA error: restart cannot help (DeviceBroken)
 
     # -- info, test knobs, reference compute ---------------------------------------------
 
@@ -237,8 +236,6 @@ class LocalGPURuntime(FaultHandling):
         except ReadsFailed as error:  # KV_READY: a restore compute reads failed; compute did not run
             self.fail_batch(batch, str(error), set(error.transfer_ids), False, error)
         except Exception as error:
-            if device_broken(error):
-                raise  # the machinery is gone (RuntimeFault), not this batch's compute
             self.fail_batch(batch, f"the runner raised: {error!r}", set(), injected, error)
         ledger.txn.started = []
         ledger.settle(executed, batch.batch_id)
@@ -316,7 +313,6 @@ class LocalGPURuntime(FaultHandling):
         After RuntimeLost nothing can drain: the streams are replaced and the transfers in
         flight abandoned (their copies never land); the runtime serves again.
         """
-        self.check_restartable()
         layer, ledger = self.device_layer, self.ledger
         if not ledger.state.lost and layer.alive():
             layer.drain()

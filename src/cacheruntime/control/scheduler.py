@@ -304,16 +304,24 @@ class Scheduler:
                 self.stats.hit_tokens_l2 -= hit_l2
                 self.stats.generated_tokens -= len(r.outputs)
                 self.stats.recomputed_tokens += len(r.spec.prompt) + len(r.outputs)
-            retries = self.retries[r.spec.request_id] + 1
-            self.retries[r.spec.request_id] = retries
-            self.stats.retries += 1
-            self.stats.turns_retried += retries == 1
-            if retries > MAX_TURN_RETRIES:
+            if self._charge_retry(r) > MAX_TURN_RETRIES:
                 self._abandon(r)
             else:
                 requeue.append(r.spec)
         self.running = []
-        self.waiting.extendleft(reversed(sorted(requeue, key=lambda spec: spec.arrival)))
+        self._requeue(requeue)
+
+    def _charge_retry(self, r: _Running) -> int:
+        """The turn was hit by a fault and will be retried: count it; its retries so far."""
+        retries = self.retries[r.spec.request_id] + 1
+        self.retries[r.spec.request_id] = retries
+        self.stats.retries += 1
+        self.stats.turns_retried += retries == 1
+        return retries
+
+    def _requeue(self, specs: list[RequestSpec]) -> None:
+        """Turns to prefill again go back to the front of the queue, in arrival order."""
+        self.waiting.extendleft(reversed(sorted(specs, key=lambda spec: spec.arrival)))
 
     # -- planning -------------------------------------------------------------------------
 
@@ -507,11 +515,7 @@ class Scheduler:
         requeue = []
         try:
             for r in touched:
-                retries = self.retries[r.spec.request_id] + int(retried)
-                if retried:
-                    self.retries[r.spec.request_id] = retries
-                    self.stats.retries += 1
-                    self.stats.turns_retried += retries == 1
+                retries = self._charge_retry(r) if retried else self.retries[r.spec.request_id]
                 if id(r) in prefilling or retries > MAX_TURN_RETRIES:
                     if r.lock is not None:
                         self.tree.unlock(r.lock)
@@ -522,7 +526,7 @@ class Scheduler:
                     else:
                         requeue.append(r.spec)
         finally:
-            self.waiting.extendleft(reversed(sorted(requeue, key=lambda spec: spec.arrival)))
+            self._requeue(requeue)
 
     def _abandon(self, r: _Running) -> None:
         """Give the turn up: it is not served, and its follow-ups never arrive."""

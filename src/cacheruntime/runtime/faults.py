@@ -115,7 +115,7 @@ class FaultHandling:
         """The typed error for an error that says the machinery is gone (a dead stream, a broken
         device); None for any other."""
         if device_broken(error):
-            error = DeviceBroken(f"the CUDA device is broken ({type(error).__name__}: {str(error).splitlines()[0]})")
+            error = DeviceBroken.of(error)
         if not isinstance(error, StreamDead):
             return None
         self.ledger.lose()

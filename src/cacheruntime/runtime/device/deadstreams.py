@@ -32,6 +32,11 @@ class DeviceBroken(StreamDead):
     assert) is sticky, so every later CUDA call in this process fails too. Unlike a dead
     worker, `restart` cannot recover it: only a new process can (spec/protocol.md §4.15)."""
 
+    @classmethod
+    def of(cls, error: BaseException) -> DeviceBroken:
+        """The CUDA error `error`, said as the broken device it means (first line of CUDA's message)."""
+        return cls(f"the CUDA device is broken ({type(error).__name__}: {str(error).splitlines()[0]})")
+
 
 def device_broken(error: BaseException) -> bool:
     """Whether `error` is CUDA reporting a broken context (torch raises `AcceleratorError` for

@@ -276,7 +276,7 @@ class CudaStream:
         """A sticky CUDA error seen on this stream: it is dead, and the device with it."""
         self.alive = False
         self.broken = True
-        return DeviceBroken(f"the CUDA device is broken ({type(error).__name__}: {str(error).splitlines()[0]})")
+        return DeviceBroken.of(error)
 
     def record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()

@@ -9,7 +9,9 @@ Both limits are measured in the same run, beside the rows that use them:
 Decode: B requests with `context` tokens each compute one token through the runner's
 `forward` (paged attention over the pool, K and V written through the table), timed on
 the host from an idle device to an idle device (median of `model_steps`, after two
-warm-up steps that compile the attention kernel). Its HBM bound is (the weights a step
+warm-up steps that compile the attention kernel and capture the step's CUDA graph). The
+row is the graph's step; the same step run eagerly (no graph) is timed beside it, and the
+graph's capture and warm-up seconds are printed and kept in the row's detail. Its HBM bound is (the weights a step
 reads whole + the batch's KV) / the measured bandwidth; target ratio <= 1.5 at B >= 16 and
 an 8k context. Prefill: one request of n tokens; its FLOP count is 2 x the layers'
 projection parameters x n, plus the output projection of the last token, plus causal
@@ -67,6 +69,18 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                 continue
             with guard(SECTION, f"decode B={batch} context={context}"):
                 seconds = _time_step(runner, config, device, page_size, [context] * batch, [context + 1] * batch, args.model_steps)
+                graphs = runner.graphs
+                if graphs is not None:
+                    capture = {"warmup_s": sum(graphs.warmup_seconds.values()), "capture_s": sum(graphs.capture_seconds.values())}
+                    with runner.without_graphs():
+                        eager = _time_step(runner, config, device, page_size, [context] * batch, [context + 1] * batch, args.model_steps)
+                    print(
+                        f"  decode B={batch} context={context}: graph {seconds * 1e3:.2f} ms, eager {eager * 1e3:.2f} ms;"
+                        f" graph capture {capture['capture_s']:.3f} s after {capture['warmup_s']:.1f} s of warm-up (compiling the attention kernel)",
+                        flush=True,
+                    )
+                else:  # no CUDA graphs on this device: the row is the eager step
+                    capture, eager = {}, seconds
                 kv_bytes = batch * (context + 1) * kv_token_bytes
                 bound = (runner.step_weight_bytes + kv_bytes) / bandwidth
                 targeted = batch >= 16 and context == 8192
@@ -79,7 +93,14 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                         bound * 1e3,
                         "HBM bound: (weights + KV) / read bandwidth",
                         *(("ratio", "<=", 1.5) if targeted else (None, None, None)),
-                        detail={"weight_bytes": runner.step_weight_bytes, "kv_bytes": kv_bytes, "read_bandwidth": bandwidth, "cuda_graph": False},
+                        detail={
+                            "weight_bytes": runner.step_weight_bytes,
+                            "kv_bytes": kv_bytes,
+                            "read_bandwidth": bandwidth,
+                            "cuda_graph": graphs is not None,
+                            "eager_ms": eager * 1e3,
+                            **capture,
+                        },
                     )
                 )
             free_memory()

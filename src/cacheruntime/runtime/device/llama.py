@@ -8,21 +8,24 @@ D1 compares the runtime with recomputation of the same weights, not with a real 
 `forward` runs a ragged batch in one pass: all new tokens of all items go through each
 layer's projections together, their K and V are written at the locations the
 ReqToToken table gives, and attention reads the pool through the table
-(`pagedattention`), so a step never copies a request's context. `reference` recomputes
+(`pagedattention`), so a step never copies a request's context. On CUDA a decode step
+(one new token per item) replays a CUDA graph of its batch-size bucket (`decodegraphs`). `reference` recomputes
 a sequence from scratch with dense causal attention (no cache, no table): the served
 tokens must equal it (D1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from cacheruntime.runtime.device.pagedattention import PagedBatch, paged_attention
+from cacheruntime.runtime.device.decodegraphs import DecodeGraphs
+from cacheruntime.runtime.device.pagedattention import KERNEL_PAGE, PagedBatch, paged_attention
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig
 from cacheruntime.runtime.device.streams import to_device
 
@@ -44,7 +47,7 @@ class LlamaRunner:
 
     tagged = False
 
-    def __init__(self, config: DecoderConfig, max_positions: int, device: torch.device, seed: int):
+    def __init__(self, config: DecoderConfig, max_positions: int, device: torch.device, seed: int, *, cuda_graphs: bool = True):
         query_heads = config.query_heads or config.heads
         if query_heads % config.heads or config.head_dim % 2:
             raise ValueError(f"a Llama config needs query_heads ({query_heads}) a multiple of heads ({config.heads}) and an even head_dim ({config.head_dim})")
@@ -77,6 +80,13 @@ class LlamaRunner:
         inverse = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
         angles = torch.arange(max_positions, dtype=torch.float32, device=device)[:, None] * inverse[None, :]
         self.cos, self.sin = angles.cos(), angles.sin()
+        # The elementwise steps of a layer: eagerly each is several passes over the activations
+        # (float32 conversions, a kernel per product and sum), a sixth of a prefill's time on the
+        # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel. CPU runs them eagerly.
+        steps = (_rms_norm, _rotate, _swiglu)
+        self._elementwise = tuple(torch.compile(f, dynamic=True) for f in steps) if device.type == "cuda" else steps
+        #: decode steps replayed from CUDA graphs (on CUDA, with pages the compiled attention kernel takes)
+        self.graphs = DecodeGraphs(self._decode_step, device) if cuda_graphs and device.type == "cuda" else None
 
     @property
     def step_weight_bytes(self) -> int:
@@ -94,6 +104,8 @@ class LlamaRunner:
         """Each item's greedy next token (a device tensor), writing and reading KV through `table`."""
         self._check_layout(memory.l1)
         _, _, pool_pages, page_size, _, _ = memory.l1.shape
+        if self.graphs is not None and page_size % KERNEL_PAGE == 0 and self.graphs.serves(items):
+            return self.graphs.run(memory, table, items)
         batch = PagedBatch(table, items.slots, items.starts, items.ends, page_size, pool_pages)
         ids = to_device([token for tokens in items.token_ids for token in tokens], torch.int64, self.device)
 
@@ -105,6 +117,32 @@ class LlamaRunner:
 
         hidden = self._layers(ids, batch.positions, attend)
         return self._next_tokens(hidden.index_select(0, batch.last))
+
+    @contextlib.contextmanager
+    def without_graphs(self) -> Iterator[None]:
+        """Every step runs eagerly while inside (the bench times a step both ways in one run)."""
+        graphs, self.graphs = self.graphs, None
+        try:
+            yield
+        finally:
+            self.graphs = graphs
+
+    def _decode_step(self, memory: Any, table: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """One decode step from device tensors alone (what a graph captures): `inputs` `[4, B]` holds
+        each row's token id, slot, position, and the row whose K and V it writes (its own, or
+        item 0's for a spare row of a bucket)."""
+        ids, slots, positions, source = inputs
+        _, _, pool_pages, page_size, _, _ = memory.l1.shape
+        batch = PagedBatch.decode(table, slots, positions, page_size, pool_pages)
+        locations = batch.new_locations[source]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_pool, v_pool = memory.layer_kv(layer)
+            k_pool.index_copy_(0, locations, k[source])
+            v_pool.index_copy_(0, locations, v[source])
+            return paged_attention(q, k_pool, v_pool, batch)
+
+        return self._next_tokens(self._layers(ids, positions, attend))
 
     def finish(self, outputs: list, items: ComputeBatch) -> list[int]:
         """The host values of `forward`'s tensor: one token per item."""
@@ -140,24 +178,30 @@ class LlamaRunner:
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[ids]
         for index, w in enumerate(self.layers):
-            q, k, v = (_rms_norm(x, w["attn_norm"]) @ w["qkv"]).split(self.qkv_split, dim=-1)
-            q = _rotate(q.view(n, self.query_heads, cfg.head_dim), cos, sin)
-            k = _rotate(k.view(n, cfg.heads, cfg.head_dim), cos, sin)
+            norm, rotate, swiglu = self._elementwise
+            q, k, v = (norm(x, w["attn_norm"]) @ w["qkv"]).split(self.qkv_split, dim=-1)
+            q = rotate(q.view(n, self.query_heads, cfg.head_dim), cos, sin)
+            k = rotate(k.view(n, cfg.heads, cfg.head_dim), cos, sin)
             attended = attend(index, q, k, v.reshape(n, cfg.heads, cfg.head_dim))
             x = x + attended.reshape(n, -1) @ w["o"]
-            gate, up = (_rms_norm(x, w["mlp_norm"]) @ w["gate_up"]).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ w["down"]
+            x = x + swiglu(norm(x, w["mlp_norm"]) @ w["gate_up"]) @ w["down"]
         return x
 
     def _next_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy next token of each row of `hidden` `[m, hidden]`."""
-        return (_rms_norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
+        return (self._elementwise[0](hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
     """RMSNorm in float32, returned in `x`'s dtype."""
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS)).to(x.dtype) * gain
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: silu of the first half times the second."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ outside a request's row.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -50,6 +51,9 @@ class PagedBatch:
     - `last` `[B]`: the index in `0 .. N-1` of each item's last new token (whose output
       is the item's next token);
     - `block_mask`: which pool pages each item reads, and causality inside them.
+
+    `decode` builds the same view for a batch of one new token per item from device
+    tensors alone (no host value, no host-to-device copy), so a CUDA graph can capture it.
     """
 
     def __init__(self, table: torch.Tensor, slots: list[int], starts: list[int], ends: list[int], page_size: int, pool_pages: int):
@@ -57,42 +61,77 @@ class PagedBatch:
         lengths = [end - start for start, end in zip(starts, ends)]
         if not lengths or min(lengths) < 1:
             raise ValueError(f"every item computes at least one token; got lengths {lengths}")
-        batch, q_len = len(lengths), max(lengths)
-        row_pages = [-(-end // page_size) for end in ends]
-        most_pages = max(row_pages)
-        self.batch, self.q_len, self.page_size = batch, q_len, page_size
+        q_len = max(lengths)
         token_slot = [slot for slot, n in zip(slots, lengths) for _ in range(n)]
         token_position = [start + i for start, n in zip(starts, lengths) for i in range(n)]
         pad = [b * q_len + i for b, n in enumerate(lengths) for i in range(n)]
-        # padded query rows repeat the item's last position: they attend to something, never NaN
-        query_position = [[start + min(i, n - 1) for i in range(q_len)] for start, n in zip(starts, lengths)]
         last, total = [], 0
         for n in lengths:
             total += n
             last.append(total - 1)
         host = to_device([token_slot, token_position, pad], torch.int64, device)
-        self.positions, self.pad_index = host[1], host[2]
+        items = to_device([slots, starts, ends, last], torch.int64, device)
+        most_pages = -(-max(ends) // page_size)
+        self._build(table, items[0], items[1], items[2], q_len, page_size, pool_pages, most_pages)
+        self.positions, self.pad_index, self.last = host[1], host[2], items[3]
         self.new_locations = table[host[0], host[1]].long()
-        self.last = to_device(last, torch.int64, device)
-        self.query_position = to_device(query_position, torch.int64, device)
+
+    @classmethod
+    def decode(cls, table: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, page_size: int, pool_pages: int) -> PagedBatch:
+        """Item b computes the one token at `positions[b]` of row `slots[b]` (device int64 tensors)."""
+        self = cls.__new__(cls)
+        most_pages = min(table.shape[1] // page_size, pool_pages)  # a row holds distinct pages
+        self._build(table, slots, positions, positions + 1, 1, page_size, pool_pages, most_pages)
+        self.positions = positions
+        self.pad_index = self.last = torch.arange(slots.shape[0], device=table.device)
+        self.new_locations = table[slots, positions].long()
+        return self
+
+    def _build(
+        self, table: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, q_len: int, page_size: int, pool_pages: int, most_pages: int
+    ) -> None:
+        """The block mask from device tensors: items `[B]` compute positions `starts .. ends-1` of rows `slots`.
+
+        Query block qb of item b (its query rows qb * Q_BLOCK onwards, padded rows repeating
+        the item's last position) sees row pages `0 .. hi // page_size`, where hi is the
+        block's last query position; the pages wholly at or before its first position lo
+        are *full* blocks (every location visible to every query: no `mask_mod` runs), the
+        rest are partial blocks, where `mask_mod` applies causality and drops the unwritten
+        tail of the last page. So a causal prefill visits half the square, and a decode
+        step masks one page per item.
+        """
+        device = table.device
+        batch = slots.shape[0]
+        self.batch, self.q_len, self.page_size = batch, q_len, page_size
+        lengths = ends - starts
+        # padded query rows repeat the item's last position: they attend to something, never NaN
+        rows = torch.arange(q_len, device=device)
+        self.query_position = starts[:, None] + torch.minimum(rows[None, :], lengths[:, None] - 1)
 
         # Row pages of each item: phys[b, j] is the device page holding position j * page_size.
-        slot_index = to_device(slots, torch.int64, device)
         page_steps = torch.arange(most_pages, device=device)
-        phys = (table[slot_index[:, None], page_steps[None, :] * page_size] // page_size).long()
-        valid = page_steps[None, :] < to_device(row_pages, torch.int64, device)[:, None]
+        row_pages = (ends + page_size - 1) // page_size
+        valid = page_steps[None, :] < row_pages[:, None]
+        phys = torch.where(valid, (table[slots[:, None], page_steps[None, :] * page_size] // page_size).long(), 0)
         # owner[b, p]: the row page index at which item b reads device page p, -1 if it does not
         # (one spare column takes the writes of the invalid entries, so no host sync is needed).
         owner = torch.full((batch, pool_pages + 1), -1, dtype=torch.int64, device=device)
-        spare = torch.full_like(phys, pool_pages)
-        flat = (torch.arange(batch, device=device)[:, None] * (pool_pages + 1) + torch.where(valid, phys, spare)).reshape(-1)
-        owner.view(-1).index_put_((flat,), torch.where(valid, page_steps[None, :].expand_as(phys), torch.full_like(phys, -1)).reshape(-1))
+        flat = (torch.arange(batch, device=device)[:, None] * (pool_pages + 1) + torch.where(valid, phys, pool_pages)).reshape(-1)
+        owner.view(-1).index_put_((flat,), torch.where(valid, page_steps[None, :], -1).reshape(-1))
         self.owner = owner
 
         q_blocks = -(-q_len // Q_BLOCK)
+        first_row = torch.arange(q_blocks, device=device)[None, :] * Q_BLOCK
+        lo = starts[:, None] + torch.minimum(first_row, lengths[:, None] - 1)
+        hi = starts[:, None] + torch.minimum(first_row + Q_BLOCK - 1, lengths[:, None] - 1)
+        full = (lo + 1) // page_size  # [B, q_blocks]: row pages 0 .. full-1 are wholly visible
+        partial = hi // page_size + 1 - full
+        widest = min(-(-Q_BLOCK // page_size) + 1, most_pages)  # partial pages of one query block, at most
+        partial_pages = phys.gather(1, (full[:, :, None] + torch.arange(widest, device=device)).clamp(max=most_pages - 1).reshape(batch, -1))
         kv_indices = torch.zeros(batch, 1, q_blocks, pool_pages, dtype=torch.int32, device=device)
-        kv_indices[:, 0, :, :most_pages] = torch.where(valid, phys, torch.zeros_like(phys)).to(torch.int32)[:, None, :]
-        kv_num_blocks = to_device(row_pages, torch.int32, device)[:, None, None].expand(batch, 1, q_blocks).contiguous()
+        kv_indices[:, 0, :, :widest] = partial_pages.view(batch, q_blocks, widest).to(torch.int32)
+        full_indices = torch.zeros(batch, 1, q_blocks, pool_pages, dtype=torch.int32, device=device)
+        full_indices[:, 0, :, :most_pages] = phys.to(torch.int32)[:, None, :]
         query_pos, owner_of = self.query_position, self.owner
 
         def causal_in_row(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
@@ -100,7 +139,14 @@ class PagedBatch:
             return (row_page >= 0) & (row_page * page_size + kv_idx % page_size <= query_pos[b, q_idx])
 
         self.block_mask = BlockMask.from_kv_blocks(
-            kv_num_blocks, kv_indices, BLOCK_SIZE=(Q_BLOCK, page_size), mask_mod=causal_in_row, seq_lengths=(q_len, pool_pages * page_size)
+            partial.to(torch.int32)[:, None, :],
+            kv_indices,
+            full.to(torch.int32)[:, None, :],
+            full_indices,
+            BLOCK_SIZE=(Q_BLOCK, page_size),
+            mask_mod=causal_in_row,
+            seq_lengths=(q_len, pool_pages * page_size),
+            **_FORWARD_ONLY,
         )
 
 
@@ -120,6 +166,10 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     out = attend(queries, keys, values, block_mask=batch.block_mask, scale=1.0 / math.sqrt(head_dim), enable_gqa=q_heads != kv_heads)
     return out.transpose(1, 2).reshape(batch.batch * batch.q_len, q_heads, head_dim).index_select(0, batch.pad_index)
 
+
+#: the backward pass's half of a block mask (its query-side indices) is never used here:
+#: torch releases that accept it are told not to build it
+_FORWARD_ONLY = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {}
 
 _COMPILED: list[Any] = []
 

@@ -356,7 +356,7 @@ def drive(runtime: Any, seed: int, steps: int, bounds: Bounds = RUNTIME_BOUNDS, 
                     ctl.generations += 1
                     ctl.extents.append(x)
                     ctl.refs[x] = 1
-                    if rng.random() < 0.25 and call(rec.close_request, h)[0]:  # the row lets go: its extent may be demoted
+                    if rng.random() < 0.25 and len(rec.calls) < steps and call(rec.close_request, h)[0]:  # the row lets go: its extent may be demoted
                         ctl.live.pop(h, None)
         elif op == "split" and ctl.generations + 2 <= bounds.MaxExtents:
             x = pick(ctl.extents, xs)

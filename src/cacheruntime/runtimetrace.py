@@ -40,10 +40,7 @@ import gzip
 import json
 import random
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -73,8 +70,7 @@ from cacheruntime.protocol import (
     TransferTicket,
 )
 from cacheruntime.recording import Call, Recorder, format_call
-from cacheruntime.tlatools import find_jar
-from cacheruntime.tlatrace import Bounds, tla
+from cacheruntime.tlatrace import Bounds, run_tlc, sequences, tla
 
 TLA_DIR = specfiles.tla_dir()
 
@@ -406,7 +402,10 @@ def record(
     A runtime with a seeded schedule (SCHEDULE_SEED) runs under `seed`, so the trace is the
     same on every machine and load.
     """
-    target = factory(**{**geometry(bounds), **(options or {})})
+    try:
+        target = factory(**{**geometry(bounds), **(options or {})})
+    except TypeError as error:  # a factory that does not take the check's geometry
+        raise TraceInputError(f"runtime {runtime} cannot be built with the check's geometry {geometry(bounds)}: {error}") from None
     try:
         info = target.info()
         want = geometry(bounds)
@@ -691,8 +690,7 @@ CONSTANTS
 
 def trace_module(traces: list[list[RStep]], bounds: Bounds = RUNTIME_BOUNDS) -> tuple[str, str]:
     """The RuntimeTraceCheck module and its config for `traces` (each a non-empty list of steps)."""
-    body = ",\n".join("  <<\n" + ",\n".join("    " + s.tla() for s in trace) + "\n  >>" for trace in traces)
-    return RUNTIME_TRACE_MODULE % {"traces": body}, RUNTIME_TRACE_CFG % {"constants": bounds.cfg_constants()}
+    return RUNTIME_TRACE_MODULE % {"traces": sequences(traces)}, RUNTIME_TRACE_CFG % {"constants": bounds.cfg_constants()}
 
 
 @dataclass
@@ -725,26 +723,14 @@ def validate(
     if not stepped:
         return CheckResult(len(traces), 0, 0.0)
     module, cfg = trace_module([s for _, s in stepped], bounds)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="cacheruntime-rtrace-") as tmp:
-        work = Path(tmp)
-        shutil.copy(spec or TLA_DIR / "CacheRuntime.tla", work / "CacheRuntime.tla")
-        (work / "RuntimeTraceCheck.tla").write_text(module)
-        (work / "RuntimeTraceCheck.cfg").write_text(cfg)
-        command = [java, "-XX:+UseParallelGC", "-Xss16m", "-cp", jar or str(find_jar()), "tlc2.TLC", "-deadlock", "-workers", str(workers)]
-        command += ["-metadir", str(work / "states"), "-config", "RuntimeTraceCheck.cfg", "RuntimeTraceCheck.tla"]
-        proc = subprocess.run(command, cwd=work, capture_output=True, text=True)
-    out = proc.stdout + proc.stderr
-    seconds = time.monotonic() - started
-    found = re.findall(r"([\d,]+) distinct states found", out)
-    distinct = int(found[-1].replace(",", "")) if found else 0
-    result = CheckResult(len(traces), nsteps, seconds, distinct, output=out)
-    if proc.returncode != 0 or "Model checking completed" not in out:
-        error = next((line for line in out.splitlines() if line.startswith("Error")), f"TLC exited {proc.returncode}")
-        result.error = f"{error}\n{out[-3000:]}"
+    run = run_tlc("RuntimeTraceCheck", module, cfg, spec=spec, workers=workers, java=java, jar=jar, options=("-deadlock",))
+    result = CheckResult(len(traces), nsteps, run.seconds, run.distinct, output=run.out)
+    if run.returncode != 0 or "Model checking completed" not in run.out:
+        error = next((line for line in run.out.splitlines() if line.startswith("Error")), f"TLC exited {run.returncode}")
+        result.error = f"{error}\n{run.out[-3000:]}"
         return result
     reached: dict[int, int] = {}
-    for t, s in re.findall(r'<<"replayed", (\d+), (\d+)>>', out):
+    for t, s in re.findall(r'<<"replayed", (\d+), (\d+)>>', run.out):
         reached[int(t)] = max(reached.get(int(t), 0), int(s))
     for index, (trace, steps) in enumerate(stepped, start=1):
         done = reached.get(index, 0)

@@ -187,36 +187,20 @@ def run_trace_check(model: dict, *, workers: int, java: str, jar: Path, tla_dir:
     n, steps, seed = model.get("traces", 60), model.get("steps", 40), model.get("seed", 0)
     traces = [tlatrace.random_trace(seed + i, steps) for i in range(n)]
     result = tlatrace.validate(traces, spec=tla_dir / SPEC, workers=workers, java=java, jar=str(jar))
-    got = "pass" if result.ok else "divergence"
-    outcome = Outcome(
-        model["name"],
-        expected_label(model),
-        got,
-        result.distinct,
-        None,
-        result.seconds,
-        0 if result.ok else 1,
-        pinned_distinct=model.get("distinct_states"),
-        note=result.divergence,
+    return trace_outcome(model, "pass" if result.ok else "divergence", result.distinct, result.seconds, result.divergence)
+
+
+def trace_outcome(model: dict, got: str, distinct: int, seconds: float, note: str) -> Outcome:
+    """A trace check's outcome (no depth: TLC replays traces), its state count held to the manifest's."""
+    return Outcome(
+        model["name"], expected_label(model), got, distinct, None, seconds, 0 if got == "pass" else 1, pinned_distinct=model.get("distinct_states"), note=note
     )
-    return outcome
 
 
 def run_runtime_traces(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path = TLA_DIR) -> Outcome:
     """The runtime-trace model: traces of LocalGPURuntime recorded on CPU and checked by TLC (cacheruntime.runtimetrace)."""
     result, note = runtimetrace.run_manifest_model(model, workers=workers, java=java, jar=jar, tla_dir=tla_dir)
-    got = "pass" if result.ok else ("error" if result.error else "rejected")
-    return Outcome(
-        model["name"],
-        expected_label(model),
-        got,
-        result.distinct,
-        None,
-        result.seconds,
-        0 if result.ok else 1,
-        pinned_distinct=model.get("distinct_states"),
-        note=note,
-    )
+    return trace_outcome(model, "pass" if result.ok else ("error" if result.error else "rejected"), result.distinct, result.seconds, note)
 
 
 def format_table(outcomes: list[Outcome]) -> str:

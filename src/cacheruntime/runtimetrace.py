@@ -405,7 +405,7 @@ def record(
     try:
         target = factory(**{**geometry(bounds), **(options or {})})
     except TypeError as error:  # a factory that does not take the check's geometry
-        raise TraceInputError(f"runtime {runtime} cannot be built with the check's geometry {geometry(bounds)}: {error}") from None
+        raise TraceInputError(f"runtime {runtime} cannot be built with the check's geometry {geometry(bounds)} and options {options or {}}: {error}") from None
     try:
         info = target.info()
         want = geometry(bounds)

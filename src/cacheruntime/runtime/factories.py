@@ -56,10 +56,12 @@ def conformance_threads() -> LocalGPURuntime:
     return LocalGPURuntime(**CONFORMANCE_OPTIONS)
 
 
-def traced(device: str = "cpu", **geometry: Any) -> LocalGPURuntime:
+def traced(device: str = "cpu", **options: Any) -> LocalGPURuntime:
     """The runtime the runtime-trace check records (`cacheruntime tlc --runtime-traces`).
 
-    Built with the check's geometry (page size 1, its pool and row sizes: `geometry`), the
-    tagging runner, and on CPU simulated streams whose schedule the check seeds per trace.
+    Built with the check's geometry (page size 1, its pool and row sizes, passed in
+    `options` with any others, which win), the tagging runner, and on CPU simulated
+    streams whose schedule the check seeds per trace (`streams="threads"` for the machine's).
     """
-    return LocalGPURuntime(device=device, runtime_id="local", runner="tagging", config=DecoderConfig(vocab=100), **suite_streams(device), **geometry)
+    defaults: dict[str, Any] = {"runtime_id": "local", "runner": "tagging", "config": DecoderConfig(vocab=100), **suite_streams(device)}
+    return LocalGPURuntime(device=device, **{**defaults, **options})

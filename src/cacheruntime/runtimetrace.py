@@ -70,7 +70,7 @@ from cacheruntime.protocol import (
     TransferTicket,
 )
 from cacheruntime.recording import Call, Recorder, format_call
-from cacheruntime.tlatrace import Bounds, run_tlc, sequences, tla
+from cacheruntime.tlatrace import INTENTS, Bounds, run_tlc, sequences, tla
 
 TLA_DIR = specfiles.tla_dir()
 
@@ -248,11 +248,10 @@ class _Control:
 
 
 RuntimeFactory = Callable[..., Any]
-TIER_INTENTS: dict[str, type[Backup] | type[Restore] | type[Demote] | type[Drop]] = {"Backup": Backup, "Restore": Restore, "Demote": Demote, "Drop": Drop}
 
 
 def _intent(kind: str, extent: CacheExtentRef) -> TierIntent:
-    return TIER_INTENTS[kind](extent)
+    return INTENTS[kind](extent)
 
 
 def drive(runtime: Any, seed: int, steps: int, bounds: Bounds = RUNTIME_BOUNDS, vocab: int = 100) -> list[Call]:

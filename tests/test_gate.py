@@ -27,12 +27,12 @@ def _cases(junit):
 
 def test_gate_passes_and_writes_junit(tmp_path):
     junit = tmp_path / "gate.xml"
-    proc = _check("--skip", "tlc", "--skip", "z3", "--skip", "conformance", "--junitxml", str(junit))
+    proc = _check("--skip", "tlc", "--skip", "runtime-traces", "--skip", "z3", "--skip", "conformance", "--junitxml", str(junit))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gate: passed" in proc.stdout
     suite, cases = _cases(junit)
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "0", "3")
-    assert cases == [("traceability", "passed"), ("tlc", "skipped"), ("z3", "skipped"), ("conformance", "skipped")]
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("5", "0", "4")
+    assert cases == [("traceability", "passed"), ("tlc", "skipped"), ("runtime-traces", "skipped"), ("z3", "skipped"), ("conformance", "skipped")]
 
 
 def test_gate_fails_when_a_stage_fails(tmp_path):
@@ -40,7 +40,7 @@ def test_gate_fails_when_a_stage_fails(tmp_path):
     (tmp_path / "spec" / "invariants.md").write_text("| id | spec | TLA+ | model | conformance | Z3 |\n")
     (tmp_path / "spec" / "protocol.md").write_text("")
     junit = tmp_path / "gate.xml"
-    proc = _check("--skip", "tlc", "--skip", "z3", "--skip", "conformance", "--junitxml", str(junit), cwd=tmp_path)
+    proc = _check("--skip", "tlc", "--skip", "runtime-traces", "--skip", "z3", "--skip", "conformance", "--junitxml", str(junit), cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "gate: FAILED: traceability" in proc.stdout
     assert ET.parse(junit).getroot().get("failures") == "1"
@@ -53,7 +53,7 @@ def test_cli_lists_every_subcommand():
 
 
 def test_gate_end_to_end_on_the_local_runtime(tmp_path):
-    """Every stage for real: traceability, TLC on the manifest, Z3 proofs, conformance on LocalGPURuntime.
+    """Every stage for real: traceability, TLC on the manifest, runtime traces, Z3 proofs, conformance on LocalGPURuntime.
 
     The conformance stage runs 10 cases per check: the full CI profile's verdict and reach
     on this runtime are asserted by tests/conformance/test_coverage.py.
@@ -62,7 +62,7 @@ def test_gate_end_to_end_on_the_local_runtime(tmp_path):
     proc = _check("--junitxml", str(junit), "--max-examples", "10")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     names = [case.get("name") for case in ET.parse(junit).getroot().iter("testcase")]
-    assert names == ["traceability", "tlc", "z3", "core", "tiers", "restart", "ordering", "faults"]  # one per conformance check
+    assert names == ["traceability", "tlc", "runtime-traces", "z3", "core", "tiers", "restart", "ordering", "faults"]  # one per conformance check
     assert "gate: passed" in proc.stdout
 
 
@@ -82,13 +82,13 @@ def test_gate_runs_conformance_without_shrinking_unless_asked():
 
 def test_gate_prints_the_command_that_shrinks_a_failure(tmp_path):
     junit = tmp_path / "gate.xml"
-    only = ("--skip", "traceability", "--skip", "tlc", "--skip", "z3", "--check", "core")
+    only = ("--skip", "traceability", "--skip", "tlc", "--skip", "runtime-traces", "--skip", "z3", "--check", "core")
     proc = _check(*only, "--runtime", MUTANT, "--option", "name=model.execute_out_of_order", "--junitxml", str(junit))
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "# ---- unshrunk reproduction" in proc.stdout and "# ---- shrunk reproduction" not in proc.stdout
     assert "# ---- boundary calls sent to the runtime" in proc.stdout
     suite, cases = _cases(junit)
-    assert cases == [("traceability", "skipped"), ("tlc", "skipped"), ("z3", "skipped"), ("core", "failure")]
+    assert cases == [("traceability", "skipped"), ("tlc", "skipped"), ("runtime-traces", "skipped"), ("z3", "skipped"), ("core", "failure")]
     (failure,) = suite.iter("failure")
     assert failure.get("message").startswith("O4 execute_batch:") and "# ---- boundary calls sent" in failure.text
     summary = proc.stdout[proc.stdout.index("to shrink each locally:") :].splitlines()[1:]
@@ -106,7 +106,7 @@ def test_gate_passes_conformance_options_by_the_suites_names(tmp_path):
     junit = tmp_path / "gate.xml"
     expected = tmp_path / "expected.toml"
     expected.write_text("")
-    only = ("--skip", "traceability", "--skip", "tlc", "--skip", "z3")
+    only = ("--skip", "traceability", "--skip", "tlc", "--skip", "runtime-traces", "--skip", "z3")
     proc = _check(*only, "--check", "core", "--check", "tiers", "--max-examples", "2", "--profile", "ci", "--expected", str(expected), "--junitxml", str(junit))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("== conformance:")]
@@ -116,7 +116,7 @@ def test_gate_passes_conformance_options_by_the_suites_names(tmp_path):
     args = parser.parse_args(argv)  # what the stage ran parses as `cacheruntime conformance` options
     assert (args.check, args.max_examples, args.profile, str(args.expected)) == (["core", "tiers"], 2, "ci", str(expected))
     _, cases = _cases(junit)
-    assert cases == [("traceability", "skipped"), ("tlc", "skipped"), ("z3", "skipped"), ("core", "passed"), ("tiers", "passed")]
+    assert cases == [("traceability", "skipped"), ("tlc", "skipped"), ("runtime-traces", "skipped"), ("z3", "skipped"), ("core", "passed"), ("tiers", "passed")]
 
 
 def test_bad_option_values_are_one_line_errors():

@@ -25,6 +25,7 @@ BARE = (
     "cacheruntime.gate",
     "cacheruntime.tlc",
     "cacheruntime.tlatrace",
+    "cacheruntime.runtimetrace",
     "cacheruntime.bench",
     "cacheruntime.conformance.plugin",
 )

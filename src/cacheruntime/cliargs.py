@@ -88,3 +88,26 @@ def output_file(text: str) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: the file is read-only")
     return path
+
+
+def input_dir(text: str) -> Path:
+    """A directory that exists and can be listed and read."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"no directory {text!r}")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be read")
+    return path
+
+
+def output_dir(text: str) -> Path:
+    """A directory files can be written into: one that exists and is writable, or one that can be made."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; give a directory")
+    nearest = path
+    while not nearest.exists():  # the nearest existing ancestor must be a writable directory
+        nearest = nearest.parent
+    if not nearest.is_dir() or not os.access(nearest, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write into {text!r}: {str(nearest)!r} is not a writable directory")
+    return path

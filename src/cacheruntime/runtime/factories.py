@@ -54,3 +54,14 @@ def conformance(device: str = "cpu") -> LocalGPURuntime:
 def conformance_threads() -> LocalGPURuntime:
     """The conformance configuration on CPU worker threads: interleavings the machine picks."""
     return LocalGPURuntime(**CONFORMANCE_OPTIONS)
+
+
+def traced(device: str = "cpu", **options: Any) -> LocalGPURuntime:
+    """The runtime the runtime-trace check records (`cacheruntime tlc --runtime-traces`).
+
+    Built with the check's geometry (page size 1, its pool and row sizes, passed in
+    `options` with any others, which win), the tagging runner, and on CPU simulated
+    streams whose schedule the check seeds per trace (`streams="threads"` for the machine's).
+    """
+    defaults: dict[str, Any] = {"runtime_id": "local", "runner": "tagging", "config": DecoderConfig(vocab=100), **suite_streams(device)}
+    return LocalGPURuntime(device=device, **{**defaults, **options})

@@ -4,7 +4,7 @@
 # Runs from the repository root with the tree on PYTHONPATH (no install, no network, no
 # z3 needed): the runtime tests on CPU and CUDA, the ordering race tests (delay knob) a few
 # times over on CUDA, the main job (`cacheruntime run --device cuda`) and the conformance
-# suite on LocalGPURuntime with CUDA streams.
+# suite on LocalGPURuntime with CUDA streams, and 200 recorded runtime traces for TLC.
 #
 # Usage: OUT=/some/dir scripts/gpu_check.sh
 # Writes: $OUT/header.txt, $OUT/<step>.log, $OUT/<step>.xml (JUnit), $OUT/run.json,
@@ -73,6 +73,12 @@ step main_job "$PY" -m cacheruntime.cli run --device cuda --json "$OUT/run.json"
 step conformance_cuda "$PY" -m cacheruntime.cli conformance \
   --runtime cacheruntime.runtime.factories:conformance --option device=cuda \
   --junitxml "$OUT/conformance_cuda.xml"
+
+# Executions of LocalGPURuntime on CUDA streams, recorded (gzip'd JSON lines) for the spec's
+# trace check, which runs on CPU afterwards (this machine has no Java):
+# `cacheruntime tlc --traces-from DIR` on the unpacked folder (tla/README.md).
+step runtime_traces "$PY" -m cacheruntime.cli tlc --runtime-traces 200 --option device=cuda \
+  --record-to "$OUT/runtime-traces" --record-only
 
 echo "== summary"
 cat "$OUT/summary.txt"

@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.attention.flex_attention import flex_attention
@@ -57,9 +58,10 @@ def main(out: str) -> int:
         values = v_pool.transpose(0, 1)[None].expand(batch, -1, -1, -1)
         nbytes = 2 * batch * (CONTEXT + 1) * KV_HEADS * HEAD_DIM * 2
         reference = None
-        variants = [(json.dumps(o), torch.compile(flex_attention, dynamic=False), o) for o in OPTIONS]
+        variants: list[tuple[str, Any, dict]] = [(json.dumps(o), torch.compile(flex_attention, dynamic=False), o) for o in OPTIONS]
         variants.append(("max-autotune", torch.compile(flex_attention, dynamic=False, mode="max-autotune-no-cudagraphs"), {}))
         for name, fn, options in variants:
+            torch._dynamo.reset()  # each variant compiles afresh (else Dynamo's recompile limit sends later ones to eager)
             t0 = time.perf_counter()
             try:
                 out_t = fn(q, keys, values, block_mask=paged.block_mask, scale=1 / math.sqrt(HEAD_DIM), enable_gqa=True, kernel_options=options or None)

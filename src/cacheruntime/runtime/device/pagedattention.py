@@ -36,6 +36,10 @@ Q_BLOCK = 128
 #: pages of a multiple of this many tokens run the compiled kernel on CUDA (one page is one KV
 #: block of the mask, and the kernel's tiles must divide it); smaller pages run eagerly
 KERNEL_PAGE = 128
+#: FlexAttention's decoding kernel (queries shorter than Q_BLOCK) with a pipelined K/V stream: its
+#: default (no pipelining, 2 warps) read a B = 16 step's KV at 1.3 TB/s on the H200, these at 2.4
+#: (benchmarks/diagnostics/flexdecode.py; docs/gpu-record.md)
+DECODING_KERNEL = {"BLOCK_N": 64, "num_stages": 3, "num_warps": 4}
 #: compiled kernels kept: one per static shape (batch, query length, pool), since a dynamic
 #: batch dimension makes FlexAttention leave its decoding kernel for one that pads each
 #: decode query to a 128-row tile
@@ -162,8 +166,10 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     queries = padded.view(batch.batch, batch.q_len, q_heads, head_dim).transpose(1, 2)
     keys = k_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
     values = v_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
-    attend = _compiled_flex() if q.is_cuda and batch.page_size % KERNEL_PAGE == 0 else flex_attention
-    out = attend(queries, keys, values, block_mask=batch.block_mask, scale=1.0 / math.sqrt(head_dim), enable_gqa=q_heads != kv_heads)
+    compiled = q.is_cuda and batch.page_size % KERNEL_PAGE == 0
+    attend = _compiled_flex() if compiled else flex_attention
+    options = DECODING_KERNEL if compiled and batch.q_len < Q_BLOCK else None
+    out = attend(queries, keys, values, block_mask=batch.block_mask, scale=1.0 / math.sqrt(head_dim), enable_gqa=q_heads != kv_heads, kernel_options=options)
     return out.transpose(1, 2).reshape(batch.batch * batch.q_len, q_heads, head_dim).index_select(0, batch.pad_index)
 
 

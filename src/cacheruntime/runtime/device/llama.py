@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from cacheruntime.runtime.device.decodegraphs import DecodeGraphs
-from cacheruntime.runtime.device.pagedattention import KERNEL_PAGE, PagedBatch, paged_attention
+from cacheruntime.runtime.device.pagedattention import PagedBatch, paged_attention, runs_compiled
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig
 from cacheruntime.runtime.device.streams import to_device
 
@@ -85,7 +85,7 @@ class LlamaRunner:
         # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel. CPU runs them eagerly.
         steps = (_rms_norm, _rotate, _swiglu)
         self._elementwise = tuple(torch.compile(f, dynamic=True) for f in steps) if device.type == "cuda" else steps
-        #: decode steps replayed from CUDA graphs (on CUDA, with pages the compiled attention kernel takes)
+        #: decode steps replayed from CUDA graphs (on CUDA, where attention runs the compiled kernel)
         self.graphs = DecodeGraphs(self._decode_step, device) if cuda_graphs and device.type == "cuda" else None
 
     @property
@@ -104,7 +104,7 @@ class LlamaRunner:
         """Each item's greedy next token (a device tensor), writing and reading KV through `table`."""
         self._check_layout(memory.l1)
         _, _, pool_pages, page_size, _, _ = memory.l1.shape
-        if self.graphs is not None and page_size % KERNEL_PAGE == 0 and self.graphs.serves(items):
+        if self.graphs is not None and runs_compiled(self.device, page_size, memory.l1.dtype) and self.graphs.serves(items):
             return self.graphs.run(memory, table, items)
         batch = PagedBatch(table, items.slots, items.starts, items.ends, page_size, pool_pages)
         ids = to_device([token for tokens in items.token_ids for token in tokens], torch.int64, self.device)

@@ -16,7 +16,7 @@ position in every row.
 The batch is ragged: request b computes `end_b - start_b` new tokens; queries are padded
 to the longest (`[B, q_len]`) and the padding is dropped afterwards. On CPU FlexAttention
 runs eagerly (it materializes the scores, fine at the small shapes CPU runs); on CUDA with
-pages of `KERNEL_PAGE` tokens it is compiled, and the block mask makes it skip every page
+pages of `KERNEL_PAGE` tokens and half-precision KV it is compiled, and the block mask makes it skip every page
 outside a request's row.
 """
 
@@ -36,10 +36,11 @@ Q_BLOCK = 128
 #: pages of a multiple of this many tokens run the compiled kernel on CUDA (one page is one KV
 #: block of the mask, and the kernel's tiles must divide it); smaller pages run eagerly
 KERNEL_PAGE = 128
-#: FlexAttention's decoding kernel (queries shorter than Q_BLOCK) with a pipelined K/V stream: its
-#: default (no pipelining, 2 warps) read a B = 16 step's KV at 1.3 TB/s on the H200, these at 2.4
-#: (benchmarks/diagnostics/flexdecode.py; docs/gpu-record.md)
-DECODING_KERNEL = {"BLOCK_N": 64, "num_stages": 3, "num_warps": 4}
+#: FlexAttention's decoding kernel for a decode step (one query per item) with a pipelined K/V
+#: stream: its default (64-token blocks, no pipelining, 2 warps) read the KV of a B = 16 step at
+#: 1.2-1.3 TB/s on the H200 and of B = 64 at 2.9; these at 2.6 and 3.6, the best of the options
+#: measured (benchmarks/diagnostics/flexdecode.py; docs/gpu-record.md)
+DECODING_KERNEL = {"BLOCK_N": 128, "num_stages": 3, "num_warps": 4}
 #: compiled kernels kept: one per static shape (batch, query length, pool), since a dynamic
 #: batch dimension makes FlexAttention leave its decoding kernel for one that pads each
 #: decode query to a 128-row tile
@@ -166,9 +167,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     queries = padded.view(batch.batch, batch.q_len, q_heads, head_dim).transpose(1, 2)
     keys = k_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
     values = v_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
-    compiled = q.is_cuda and batch.page_size % KERNEL_PAGE == 0
+    compiled = runs_compiled(q.device, batch.page_size, q.dtype)
     attend = _compiled_flex() if compiled else flex_attention
-    options = DECODING_KERNEL if compiled and batch.q_len < Q_BLOCK else None
+    options = DECODING_KERNEL if compiled and batch.q_len == 1 else None
     out = attend(queries, keys, values, block_mask=batch.block_mask, scale=1.0 / math.sqrt(head_dim), enable_gqa=q_heads != kv_heads, kernel_options=options)
     return out.transpose(1, 2).reshape(batch.batch * batch.q_len, q_heads, head_dim).index_select(0, batch.pad_index)
 
@@ -176,6 +177,17 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 #: the backward pass's half of a block mask (its query-side indices) is never used here:
 #: torch releases that accept it are told not to build it
 _FORWARD_ONLY = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {}
+
+
+def runs_compiled(device: torch.device, page_size: int, dtype: torch.dtype) -> bool:
+    """Whether attention runs FlexAttention's compiled kernel: on CUDA, pages of KERNEL_PAGE tokens, half precision.
+
+    float32 stays eager: the compiled kernel is measured and tested in half precision only
+    (on the H200, torch 2.11, compiling it for a float32 chunk of 69 tokens with head_dim 16,
+    llama-small's, found no kernel configuration once the decoding options were passed).
+    """
+    return device.type == "cuda" and page_size % KERNEL_PAGE == 0 and dtype in (torch.bfloat16, torch.float16)
+
 
 _COMPILED: list[Any] = []
 

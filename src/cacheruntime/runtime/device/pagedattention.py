@@ -163,15 +163,17 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     """
     n, q_heads, head_dim = q.shape
     kv_heads = k_pool.shape[1]
-    padded = q.new_zeros(batch.batch * batch.q_len, q_heads, head_dim).index_copy_(0, batch.pad_index, q)
-    queries = padded.view(batch.batch, batch.q_len, q_heads, head_dim).transpose(1, 2)
+    decode = batch.q_len == 1  # one query per item: no padding to place or to drop
+    padded = q if decode else q.new_zeros(batch.batch * batch.q_len, q_heads, head_dim).index_copy_(0, batch.pad_index, q)
+    queries = padded.reshape(batch.batch, batch.q_len, q_heads, head_dim).transpose(1, 2)
     keys = k_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
     values = v_pool.transpose(0, 1)[None].expand(batch.batch, -1, -1, -1)
     compiled = runs_compiled(q.device, batch.page_size, q.dtype)
     attend = _compiled_flex() if compiled else flex_attention
-    options = DECODING_KERNEL if compiled and batch.q_len == 1 else None
+    options = DECODING_KERNEL if compiled and decode else None
     out = attend(queries, keys, values, block_mask=batch.block_mask, scale=1.0 / math.sqrt(head_dim), enable_gqa=q_heads != kv_heads, kernel_options=options)
-    return out.transpose(1, 2).reshape(batch.batch * batch.q_len, q_heads, head_dim).index_select(0, batch.pad_index)
+    out = out.transpose(1, 2).reshape(batch.batch * batch.q_len, q_heads, head_dim)
+    return out if decode else out.index_select(0, batch.pad_index)
 
 
 #: the backward pass's half of a block mask (its query-side indices) is never used here:

@@ -44,6 +44,19 @@ def test_traces_of_the_local_runtime_follow_the_spec(traces):
     assert result.distinct > result.steps + result.traces
 
 
+#: traces scripts/gpu_check.sh recorded on the H200 (CUDA streams), 2026-12-02 (docs/gpu-record.md)
+CUDA_TRACES = Path(__file__).resolve().parents[2] / "docs" / "gpu-record" / "2026-12-02-traces"
+
+
+def test_traces_recorded_on_cuda_follow_the_spec():
+    """Executions of LocalGPURuntime on a real GPU's streams, checked here on CPU (the GPU machine has no Java)."""
+    recorded = runtimetrace.load(CUDA_TRACES)
+    assert len(recorded) == 200
+    result = runtimetrace.validate(recorded, workers=2, java=JAVA, jar=str(JAR))
+    assert result.ok, result.error or "\n".join(result.rejected)
+    assert (result.steps, result.distinct) == (8000, 11538), "the state count TLC found when these traces were committed"
+
+
 def test_the_traces_reach_every_operation_both_ways(traces):
     """Every action the spec has for a boundary call is taken, and refused, in the recorded traces."""
     covered = runtimetrace.ops_covered(traces)

@@ -278,3 +278,60 @@ def test_cuda_graph_decode_replays_the_eager_step():
         if n in (1, 2, 4, 8):  # a full bucket runs the eager step's shapes: the same kernels
             assert got == expected, f"B={n}: graph tokens {got} != eager {expected}"
     assert runner.graphs is not None and set(runner.graphs.capture_seconds) == {1, 2, 4, 8}, runner.graphs and runner.graphs.capture_seconds
+
+
+#: the largest relative error (L2 norm of the difference over the norm) allowed between the
+#: final hidden state of a paged bf16 step of the 8B shape and its dense recomputation
+DENSE_TOLERANCE_8B = 0.05
+
+
+@pytest.mark.cuda
+def test_llama3_8b_shape_paged_steps_match_dense_recomputation():
+    """The Llama-3-8B shape in bf16 (seeded random weights): a ragged prefill and decode steps through
+    the paged pool (compiled attention, 128-token pages) against a dense causal recomputation of
+    each sequence from scratch, compared on the final hidden state each next token is read from."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from cacheruntime.runtime.device.llama import LlamaRunner
+    from cacheruntime.runtime.device.memory import KVMemory
+    from cacheruntime.runtime.device.reqtotoken import ReqToToken
+    from cacheruntime.runtime.device.runner import ComputeBatch
+
+    cuda, config, page, row_pages = torch.device("cuda"), LLAMA_CONFIGS["llama3-8b"], KERNEL_PAGE, 3
+    runner = LlamaRunner(config, row_pages * page, cuda, seed=0, cuda_graphs=False)
+    memory = KVMemory(
+        device=cuda,
+        l1_pages=2 * row_pages,
+        l2_pages=0,
+        page_size=page,
+        layers=config.layers,
+        heads=config.heads,
+        head_dim=config.head_dim,
+        dtype=torch.bfloat16,
+    )
+    table = ReqToToken(2, row_pages * page, page, cuda)
+    table.pages.copy_((torch.tensor([[4, 0, 2], [5, 1, 3]], device=cuda)[..., None] * page + table.offsets).to(torch.int32))
+    hidden: list[torch.Tensor] = []
+    next_tokens = runner._next_tokens
+    runner._next_tokens = lambda h: hidden.append(h.float()) or next_tokens(h)  # type: ignore[method-assign]
+    rng = random.Random(17)
+    print(f"seed 0 (weights), 17 (prompts); tolerance {DENSE_TOLERANCE_8B}")
+    sequences = [[rng.randrange(config.vocab) for _ in range(n)] for n in (300, 131)]
+    starts = [0, 0]
+    errors = []
+    for _ in range(4):  # a ragged prefill, then three decode steps
+        ends = [len(s) for s in sequences]
+        items = ComputeBatch([0, 1], starts, ends, [0, 0], [BatchItem(None, tuple(s[a:])) for s, a in zip(sequences, starts)], [None, None])  # type: ignore[arg-type]
+        hidden.clear()
+        tokens = runner.forward(memory, table.table, items).tolist()
+        paged = hidden[0]
+        for b, sequence in enumerate(sequences):
+            hidden.clear()
+            runner.reference(sequence)
+            dense = hidden[0][0]
+            errors.append(((paged[b] - dense).norm() / dense.norm()).item())
+        for sequence, token in zip(sequences, tokens):
+            sequence.append(token)
+        starts = ends
+    print("relative errors of the final hidden state, per step and item:", [f"{e:.2e}" for e in errors])
+    assert max(errors) <= DENSE_TOLERANCE_8B, errors

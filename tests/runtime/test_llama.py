@@ -39,7 +39,8 @@ def dense_attention(q, k_pool, v_pool, table, slot, start, end):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_paged_attention_equals_dense_attention(device, seed):
+@pytest.mark.parametrize("steps", ["ragged", "decode"])
+def test_paged_attention_equals_dense_attention(device, seed, steps):
     # CUDA: bf16 through the compiled kernel (its pages are KERNEL_PAGE tokens); CPU: float32, eager
     dtype, tolerance, page_size = (torch.float32, 1e-5, PAGE) if device == "cpu" else (torch.bfloat16, 2e-2, KERNEL_PAGE)
     gen = torch.Generator().manual_seed(seed)
@@ -57,6 +58,9 @@ def test_paged_attention_equals_dense_attention(device, seed):
     table = table.to(device)
     # ragged: a chunk of prefill after the shared prefix, a whole short prefill, a decode, a decode in a partial page
     slots, starts, ends = [0, 1, 2, 3], [2 * page_size, 0, 3 * page_size - 1, 2 * page_size + 1], [4 * page_size + 3, 3, 3 * page_size, 2 * page_size + 2]
+    if steps == "decode":  # one query per item (on CUDA the decoding kernel): at a page's last offset, its first, position 0
+        starts = [5 * page_size - 1, 0, 2 * page_size, 3 * page_size - 2]
+        ends = [start + 1 for start in starts]
     n = sum(e - s for s, e in zip(starts, ends))
     q = torch.randn(n, q_heads, head_dim, generator=gen).to(device, dtype)
     batch = PagedBatch(table, slots, starts, ends, page_size, pool_pages)
@@ -172,33 +176,36 @@ def test_grouped_query_config_is_checked():
 
 
 def test_block_mask_visits_exactly_the_pages_a_query_block_can_see():
-    """Every page with a location some query of a block may read is listed for that block, and a
-    page listed as full (read without `mask_mod`) is visible to every query of the block at every
-    offset: checked against the row layout directly, for prefill chunks and decode steps."""
-    page_size, pool_pages = 4, 64
+    """Every page with a location some query of a block may read is listed for that block, every
+    listed page is the item's own, and a page listed as full (read without `mask_mod`) is visible
+    to every query of the block at every offset: checked against the row layout directly, for a
+    prefill over several query blocks, a chunk after a prefix, and decode steps (one at a page's
+    last offset, where no page is partial)."""
+    page_size, pool_pages, row_pages = 16, 64, 16
     gen = torch.Generator().manual_seed(7)
-    table = torch.zeros(3, 48 * page_size, dtype=torch.int32)
-    rows = torch.randperm(pool_pages, generator=gen)[:48].view(3, 16)
+    table = torch.zeros(3, row_pages * page_size, dtype=torch.int32)
+    rows = torch.randperm(pool_pages, generator=gen)[: 3 * row_pages].view(3, row_pages)
     for slot in range(3):
-        for j in range(16):
+        for j in range(row_pages):
             table[slot, j * page_size : (j + 1) * page_size] = torch.arange(rows[slot, j] * page_size, (rows[slot, j] + 1) * page_size)
-    # a long prefill over several query blocks, a chunk after a prefix, a decode at a page's last offset
-    slots, starts, ends = [0, 1, 2], [0, 9, 4 * page_size - 1], [60, 30, 4 * page_size]
+    slots, starts, ends = [0, 1, 2], [0, 37, 4 * page_size - 1], [200, 180, 4 * page_size]
     cases = [PagedBatch(table, slots, starts, ends, page_size, pool_pages)]
-    cases.append(PagedBatch.decode(table, torch.tensor(slots), torch.tensor([5, 12, 4 * page_size - 1]), page_size, pool_pages))
+    cases.append(PagedBatch.decode(table, torch.tensor(slots), torch.tensor([5, 4 * page_size - 2, 4 * page_size - 1]), page_size, pool_pages))
+    assert cases[0].block_mask.kv_num_blocks.shape[2] == 2, "the prefill spans two query blocks"
     for batch in cases:
         mask = batch.block_mask
         for b, slot in enumerate(slots):
+            own = rows[slot].tolist()
             for qb in range(mask.kv_num_blocks.shape[2]):
                 queries = batch.query_position[b, qb * 128 : (qb + 1) * 128].tolist()
                 full = set(mask.full_kv_indices[b, 0, qb, : mask.full_kv_num_blocks[b, 0, qb]].tolist())
                 partial = set(mask.kv_indices[b, 0, qb, : mask.kv_num_blocks[b, 0, qb]].tolist())
                 assert not full & partial
-                seen = {int(rows[slot, j]) for j in range(max(queries) // page_size + 1)}
+                assert full | partial <= set(own), f"item {b}, query block {qb}: pages {(full | partial) - set(own)} are not its own"
+                seen = {own[j] for j in range(max(queries) // page_size + 1)}
                 assert seen <= full | partial, f"item {b}, query block {qb}: pages {seen - full - partial} are visible but not visited"
                 for page in full:
-                    j = rows[slot].tolist().index(page)
-                    assert (j + 1) * page_size - 1 <= min(queries), f"item {b}: page {page} is full but not visible to query {min(queries)}"
+                    assert (own.index(page) + 1) * page_size - 1 <= min(queries), f"item {b}: page {page} is full but not visible to query {min(queries)}"
 
 
 def test_decode_step_with_spare_rows_equals_the_eager_step():

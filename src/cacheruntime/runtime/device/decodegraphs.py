@@ -14,8 +14,9 @@ batch larger than the largest bucket) runs eagerly.
 - **Static inputs.** A graph reads its inputs (token ids, slots, positions, the source row
   of each write) from one device buffer that each step fills with one non-blocking copy,
   and everything else (the KV pool, the ReqToToken table, the weights) at the addresses it
-  was captured with. So the graphs belong to one KV memory and one table, and are dropped
-  when the runner is handed others (a runtime that rebuilt its memory).
+  was captured with. So the graphs belong to one KV memory and one table (address, shape
+  and strides), and are dropped when the runner is handed others (a runtime that rebuilt
+  its memory, the bench's next size).
 - **Capture.** The first step of a bucket runs its step twice outside a graph (which
   compiles the attention kernel for that shape; the second run is the standard warm-up of
   lazily initialised libraries), then captures it and replays it. Running the step
@@ -58,7 +59,9 @@ class DecodeGraphs:
     def __init__(self, step: DecodeStep, device: torch.device):
         self._step, self._device = step, device
         self._graphs: dict[int, _Graph] = {}
-        self._captured_on: tuple[int, int] | None = None  # (KV memory address, table address)
+        # the KV memory's and the table's address, shape and strides: a capture bakes in all of them
+        # (a new memory of another size may be handed out at the old address)
+        self._captured_on: tuple[object, ...] | None = None
         self._pool: Any = None
         self.warmup_seconds: dict[int, float] = {}
         self.capture_seconds: dict[int, float] = {}
@@ -80,7 +83,8 @@ class DecodeGraphs:
             list(items.starts) + [items.starts[0]] * spare,
             list(range(n)) + [0] * spare,
         ]
-        where = (memory.l1.data_ptr(), table.data_ptr())
+        l1 = memory.l1
+        where = (l1.data_ptr(), l1.shape, l1.stride(), table.data_ptr(), table.shape, table.stride())
         if where != self._captured_on:
             # a fresh memory pool too: the graphs dropped here were the old pool's only users
             self._graphs.clear()

@@ -8,6 +8,11 @@ invariant checks run on each (checks.py).
   RadixCache underflows on"), made on SGLang's objects as the stack builds them.
 - A page freed under a live request fails SGLang's use-after-free check at the next boundary
   call, reported under the check's id.
+- Which of SGLang's checks run by default (checks.RUN): not the pool-conservation ones, which
+  fail on the adapter's overlapping extents (every tree) and on the legacy tree's Demote, and
+  on the legacy tree not the page invariants, whose use-after-free check fails on its Demote of
+  a live row's page; shown here with the checks forced on, and the same scenarios pass the
+  default checks. The default ones report injected SGLang defects under their ids.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from _sglang_env import HAVE_SGLANG, SKIP_REASON
 if not HAVE_SGLANG:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
-from cacheruntime.protocol import BatchItem, BatchPlan, Capability, NoL2, Publish
+from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Capability, Demote, NoL2, Publish
+from conformance.adapters.sglang import checks, regressions
 from conformance.adapters.sglang.adapter import make_runtime
 from conformance.adapters.sglang.checks import SGLangCheckFailed
 from conformance.adapters.sglang.stack import TREES, build_stack
@@ -156,7 +162,8 @@ def test_both_tree_cores_reject_a_double_unlock(tree):
 
 @pytest.mark.parametrize("tree", ("radix", *UNIFIED))
 def test_sglang_use_after_free_check_fails_the_next_call_with_its_id(tree):
-    rt = _runtime(tree)
+    # A default check on the unified trees; on the legacy tree only with "all" (the adapter's Demote fails it there).
+    rt = make_runtime(tree="radix", sglang_checks="all") if tree == "radix" else _runtime(tree)
     a = rt.open_request()
     rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),))))
     b = rt.open_request()  # the checks pass on an honest state
@@ -173,10 +180,99 @@ def test_sglang_use_after_free_check_fails_the_next_call_with_its_id(tree):
 
 
 def test_sglang_idle_check_reports_a_leak_with_its_id():
-    rt = _runtime("unified-rust")
+    rt = make_runtime(tree="unified-rust", l2_pages=0, sglang_checks="all")  # the idle conservation is not a default check
     a = rt.open_request()
     rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),))))
     assert rt.sg.allocator.alloc(rt.page_size) is not None  # a page nobody holds: a leak once idle
     with pytest.raises(SGLangCheckFailed) as raised:
         rt.close_request(a)
     assert raised.value.check_id == "idle-pool-leak"
+
+
+def test_default_checks_leave_out_those_the_adapters_limitations_fail():
+    assert set(checks.RUN) == set(TREES)
+    conservation = {"idle-conservation", "busy-conservation"}
+    for tree in UNIFIED:
+        assert set(checks.RUN[tree]) == set(checks.GROUPS) - conservation
+    assert set(checks.RUN["radix"]) == set(checks.GROUPS) - conservation - {"busy-page-invariants"}
+    for tree in TREES:
+        assert set(_runtime(tree).checks.groups) == set(checks.RUN[tree])
+    assert make_runtime(sglang_checks=False).checks is None
+    assert set(make_runtime(sglang_checks="all").checks.groups) == set(checks.GROUPS)
+    with pytest.raises(ValueError, match="sglang_checks"):
+        make_runtime(sglang_checks="some")
+
+
+def _publish_one_page_twice(rt):
+    a = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),), (Publish(a, 0, 1),))))
+    return a, rt.publish(a, 0, 1)  # a second tree entry naming the same page: an adapter limitation
+
+
+@pytest.mark.parametrize("tree", ("radix", *UNIFIED))
+def test_busy_conservation_fails_on_two_entries_naming_one_page_so_it_is_off_by_default(tree):
+    _publish_one_page_twice(_runtime(tree))  # the default checks pass on it
+    rt = make_runtime(tree=tree, l2_pages=0 if TREES[tree] else 32, sglang_checks="all")
+    with pytest.raises(SGLangCheckFailed) as raised:
+        _publish_one_page_twice(rt)
+    assert raised.value.check_id == "busy-pool-leak"
+
+
+@pytest.mark.parametrize("tree", ("radix", *UNIFIED))
+def test_idle_conservation_fails_on_two_entries_naming_one_page_so_it_is_off_by_default(tree):
+    options = {"tree": tree, "l2_pages": 0 if TREES[tree] else 32}
+    rt = make_runtime(**options, sglang_checks=False)
+    a, _ = _publish_one_page_twice(rt)
+    rt.checks = checks.Checks(rt, tuple(checks.GROUPS))  # from here on every check, the idle conservation included
+    with pytest.raises(SGLangCheckFailed) as raised:
+        rt.close_request(a)  # idle: both entries still hold the page
+    assert raised.value.check_id == "idle-pool-leak"
+    rt = _runtime(tree)
+    a, _ = _publish_one_page_twice(rt)
+    rt.close_request(a)  # the default checks pass on it
+
+
+def _backed_up_then_demoted(rt, close_first: bool) -> None:
+    """A request's two pages published, backed up and demoted (legacy tree), its request closed first or still live."""
+    a = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),))))
+    x = rt.publish(a, 0, 2)
+    rt.submit((Backup(x),))
+    rt.wait_completions()
+    if close_first:
+        rt.close_request(a)
+    rt.submit((Demote(x),))
+
+
+def test_idle_conservation_fails_after_a_demote_on_the_legacy_tree_so_it_is_off_by_default():
+    _backed_up_then_demoted(make_runtime(page_size=4, l1_pages=8, l2_pages=8), close_first=True)  # the default checks pass on it
+    with pytest.raises(SGLangCheckFailed) as raised:  # RadixCache still counts the demoted entry as protected
+        _backed_up_then_demoted(make_runtime(page_size=4, l1_pages=8, l2_pages=8, sglang_checks="all"), close_first=True)
+    assert raised.value.check_id == "idle-pool-leak"
+
+
+def test_use_after_free_fails_on_the_legacy_trees_demote_of_a_row_page_so_it_is_off_there():
+    _backed_up_then_demoted(make_runtime(page_size=4, l1_pages=8, l2_pages=8), close_first=False)  # the default checks pass on it
+    rt = make_runtime(page_size=4, l1_pages=8, l2_pages=8, sglang_checks=False)
+    rt.checks = checks.Checks(rt, checks.RUN["unified-rust"])  # the unified trees' default checks on the legacy tree
+    with pytest.raises(SGLangCheckFailed) as raised:  # the adapter's Demote frees the pages the live row still maps (V6)
+        _backed_up_then_demoted(rt, close_first=False)
+    assert raised.value.check_id == "kv-page-use-after-free"
+
+
+@pytest.mark.parametrize("tree", ("radix", *UNIFIED))
+def test_sglang_req_pool_check_reports_a_row_leak_with_its_id(tree):
+    rt = regressions.make_runtime("free_req_keeps_row", tree=tree, l2_pages=0 if TREES[tree] else 32)  # default checks
+    a = rt.open_request()
+    with pytest.raises(SGLangCheckFailed) as raised:
+        rt.close_request(a)  # no request open: the row SGLang did not take back is a leak
+    assert raised.value.check_id == "idle-req-pool-leak"
+
+
+@pytest.mark.parametrize("tree", UNIFIED)
+def test_sglang_use_after_free_check_reports_an_injected_allocator_regression_where_it_acts(tree):
+    rt = regressions.make_runtime("alloc_keeps_pages_free", tree=tree, l2_pages=0)  # default checks
+    a = rt.open_request()
+    with pytest.raises(SGLangCheckFailed) as raised:
+        rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),)))  # the row's new pages stay on the free list
+    assert raised.value.check_id == "kv-page-use-after-free"

@@ -150,7 +150,7 @@ class SGLangRuntime:
         l2_pages: int = 32,
         vocab_size: int = 1 << 20,
         tree: str = "radix",
-        sglang_checks: bool = True,
+        sglang_checks: bool | str = True,
     ):
         # SGLang's cache classes never see a vocabulary (token ids reach only the model), so
         # `vocab_size` is the size of the model these pools would serve, stated as the
@@ -199,12 +199,13 @@ class SGLangRuntime:
         self.calls: Counter = Counter()
         self._depth = 0
         self._probed: AbstractState | None = None  # SGLang's objects change only inside a boundary call
-        # SGLang's scheduler-side invariant checks (checks.py), run after each boundary call.
-        self.checks = None
-        if sglang_checks:
-            from .checks import Checks
+        # SGLang's scheduler-side invariant checks (checks.py), run after each boundary call:
+        # by default those the adapter's use of SGLang satisfies on this tree (checks.RUN),
+        # "all" adds the pool-conservation checks its overlapping extents fail, False none.
+        from .checks import Checks, selected
 
-            self.checks = Checks(self)
+        groups = selected(sglang_checks, tree)
+        self.checks = Checks(self, groups) if groups else None
 
     # -- info --------------------------------------------------------------------------
 

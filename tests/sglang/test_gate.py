@@ -75,3 +75,17 @@ def test_gate_script_runs_the_configurations_the_regressions_are_searched_on():
     assert line, "scripts/gate_sglang.sh has no CONFIGS=(...) line"
     in_script = [tuple(sorted((k, int(v)) for k, v in (p.split("=") for p in c.split()))) for c in re.findall(r'"([^"]*)"', line.group(1))]
     assert in_script == [tuple(sorted(c)) for c in regressions.CONFIGURATIONS]
+
+
+def test_gate_script_runs_every_unified_tree_configuration():
+    import re
+
+    from _sglang_env import REPO
+
+    from conformance.adapters.sglang.stack import TREES
+
+    line = re.search(r"^TREE_CONFIGS=\((.*)\)$", (REPO / "scripts" / "gate_sglang.sh").read_text(), flags=re.M)
+    assert line, "scripts/gate_sglang.sh has no TREE_CONFIGS=(...) line"
+    configs = [dict(p.split("=") for p in c.split()) for c in re.findall(r'"([^"]*)"', line.group(1))]
+    assert sorted(c["tree"] for c in configs) == sorted(k for k, backend in TREES.items() if backend is not None)
+    assert all(c["l2_pages"] == "0" for c in configs)

@@ -55,7 +55,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cacheruntime import pageruns
 from cacheruntime.protocol import (
@@ -149,6 +149,8 @@ class SGLangRuntime:
         l1_pages: int = 16,
         l2_pages: int = 32,
         vocab_size: int = 1 << 20,
+        tree: str = "radix",
+        sglang_checks: bool | str = True,
     ):
         # SGLang's cache classes never see a vocabulary (token ids reach only the model), so
         # `vocab_size` is the size of the model these pools would serve, stated as the
@@ -167,7 +169,12 @@ class SGLangRuntime:
             l1_pages=l1_pages,
             l2_pages=l2_pages,
             paged=True,
+            tree=tree,
         )
+        # UnifiedRadixCache.dec_lock_ref takes its inc_lock_ref's receipt back; on a tree of
+        # the FULL component alone a receipt names only the node, so one per node (the
+        # latest) is what every unlock of it passes (the legacy tree takes none).
+        self.receipts: dict[object, object] = {}
         self.requests: dict[RequestRuntimeHandle, _Request] = {}  # every handle issued, live or not
         self.live_slots: dict[int, RequestRuntimeHandle] = {}
         self.pages: dict[int, _Page] = {}
@@ -192,11 +199,20 @@ class SGLangRuntime:
         self.calls: Counter = Counter()
         self._depth = 0
         self._probed: AbstractState | None = None  # SGLang's objects change only inside a boundary call
+        # SGLang's scheduler-side invariant checks (checks.py), run after each boundary call:
+        # by default those the adapter's use of SGLang satisfies on this tree (checks.RUN),
+        # "all" adds the pool-conservation checks its overlapping extents fail, False none.
+        from .checks import Checks, selected
+
+        groups = selected(sglang_checks, tree)
+        self.checks = Checks(self, groups) if groups else None
 
     # -- info --------------------------------------------------------------------------
 
     def info(self) -> RuntimeInfo:
-        caps = {Capability.INTROSPECTION} | ({Capability.L2} if self.l2_pages else set())
+        # probe() reads RadixCache's nodes; the Rust TreeCore exposes no node or lock count
+        # (node_by_id raises NotImplementedError in 0.5.23): not claimed on the unified trees.
+        caps = ({Capability.INTROSPECTION} if not self.sg.unified else set()) | ({Capability.L2} if self.l2_pages else set())
         return RuntimeInfo(
             self.runtime_id,
             0,
@@ -282,9 +298,13 @@ class SGLangRuntime:
 
     def _named_elsewhere(self, exclude=None, rows: bool = True) -> set[int]:
         """Device pages SGLang's own state still names: tree entries (but `exclude`) and, with `rows`, live requests' rows."""
-        tree, pool, ps = self.sg.tree, self.sg.req_to_token_pool, self.page_size
+        tree: Any = self.sg.tree
+        pool, ps = self.sg.req_to_token_pool, self.page_size
         named: set[int] = set()
-        stack = list(tree.root_node.children.values())
+        if self.sg.unified:  # every device value the tree holds (exclude is never a live node here)
+            assert exclude is None, "the unified trees evict through SGLang's walk (_evict_unified)"
+            named.update((tree.all_values_flatten()[::ps] // ps).tolist())
+        stack = [] if self.sg.unified else list(tree.root_node.children.values())
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
@@ -305,6 +325,9 @@ class SGLangRuntime:
         limitation, notes.md).
         """
         tree = self.sg.tree
+        if self.sg.unified:
+            self._evict_unified()
+            return
         while node is not tree.root_node and node.lock_ref <= 0 and not node.children:
             parent = node.parent
             if node.value is not None:
@@ -323,10 +346,62 @@ class SGLangRuntime:
             self._drop_host_copies(node)
             node = parent
 
+    def _evict_unified(self) -> None:
+        """UnifiedRadixCache._evict_components' loop for the FULL component, on every leaf it picks.
+
+        SGLang's own walk (`evict_device_start`/`evict_device_next_node`/`evict_device_leaf`)
+        chooses the victims; the entries are evicted as soon as their last lock goes, so
+        those are the entries whose last lock just went. Its device frees reach SGLang's free
+        path (`FreeComponentDeviceSlot`), less the pages another entry or a live row still
+        names, as for the legacy tree (adapter limitation, notes.md).
+        """
+        import torch
+
+        from sglang.srt.mem_cache.unified_cache.cache_action import FreeComponentDeviceSlot
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        tree: Any = self.sg.tree  # UnifiedRadixCache
+        ps = self.page_size
+        core, full = tree.tree_core, ComponentType.FULL
+        quota = tree.evictable_size()
+        if quota <= 0:
+            return
+        tracker = {full: 0}
+        core.evict_device_start(full, quota)
+        try:
+            while True:
+                node_id, progressed = tree._evict_device_next_node(full, tracker)
+                if node_id is None:
+                    if not progressed:
+                        break
+                    continue
+                result = core.evict_device_leaf(node_id, tree.is_write_back)
+                frees = result.device_frees.pop(full, [])
+                keep = self._named_elsewhere()
+                kept = []
+                for value in frees:
+                    mask = torch.tensor([int(i) // ps not in keep for i in value], dtype=torch.bool)
+                    kept.append(value[mask])
+                tree._apply_eviction_result(result)
+                tree._apply_cache_action(FreeComponentDeviceSlot(kept, component_type=full))
+                tree._accumulate_tracker(tracker, result.tracker)
+                gone = {p for v in kept for p in self._page_ids(v)} if kept else set()
+                for page in self.pages.values():
+                    if page.device in gone:
+                        page.device = None
+        finally:
+            core.evict_device_end(full)
+
+    def _lock(self, node) -> None:
+        tree: Any = self.sg.tree
+        receipt = tree.inc_lock_ref(node)
+        if self.sg.unified:
+            self.receipts[node] = receipt.to_dec_params()
+
     def _drop_host_copies(self, node) -> None:
         """Host copies of the evicted entry's pages that no live extent names go too (HiRadixCache evicts the node's host value)."""
-        names = {n for e in self.entries.values() if e.node is node for n in e.pages}
-        live = {n for e in self.extents.values() if e.node is not node for n in e.pages}
+        names = {n for e in self.entries.values() if e.node == node for n in e.pages}
+        live = {n for e in self.extents.values() if e.node != node for n in e.pages}
         live |= {n for h in self.live_slots.values() for n in self.requests[h].pages}  # a live row keeps its page, host copy included
         gone = [n for n in sorted(names - live) if n in self.pages and self.pages[n].host is not None]
         if gone and self.sg.controller is not None:
@@ -335,7 +410,11 @@ class SGLangRuntime:
                 self.pages[n].host = None
 
     def _unlock(self, node) -> None:
-        self.sg.tree.dec_lock_ref(node)
+        tree: Any = self.sg.tree
+        if self.sg.unified:  # every node unlocked here was locked through _lock; a stale one's receipt is kept, SGLang's check decides
+            tree.dec_lock_ref(node, self.receipts[node])
+        else:
+            tree.dec_lock_ref(node)
         self._evict_unlocked(node)
 
     # -- requests ------------------------------------------------------------------------
@@ -343,7 +422,7 @@ class SGLangRuntime:
     def open_request(self) -> RequestRuntimeHandle:
         from sglang.srt.managers.schedule_batch import ReqKvInfo
 
-        req = SimpleNamespace(kv=ReqKvInfo())
+        req = SimpleNamespace(kv=ReqKvInfo(), rid=f"cacheruntime-{len(self.requests)}", beam_group=None)  # rid, beam_group: what the invariant checker reads
         rows = self.sg.req_to_token_pool.alloc([req])
         if rows is None:
             raise OutOfSlots(f"ReqToTokenPool has no free row (size {self.max_requests})")
@@ -438,7 +517,7 @@ class SGLangRuntime:
 
                 entry = self._extent(extent)
                 node = self.sg.tree.match_prefix(MatchPrefixParams(key=entry.key)).last_device_node
-                self.sg.tree.inc_lock_ref(node)
+                self._lock(node)
                 record.locks.append(node)
                 record.pages.extend(entry.pages)
             while len(record.pages) * ps < ends[record.row]:
@@ -491,7 +570,7 @@ class SGLangRuntime:
         for item in record.plan.items:
             request = self.requests[item.request]
             reserved, keep, locks = record.starts[request.row]
-            attached = {n for node in request.locks[locks:] for e in self.entries.values() if e.node is node for n in e.pages}
+            attached = {n for node in request.locks[locks:] for e in self.entries.values() if e.node == node for n in e.pages}
             mine = [n for n in request.pages[keep:] if n not in attached and self.pages[n].device is not None]
             if mine:
                 self.sg.allocator.free(self._device_indices(mine))
@@ -521,7 +600,7 @@ class SGLangRuntime:
         key = self._key(generation, pages)
         value = self._device_indices([n for n in pages if self.pages[n].device is not None]) if pages else None
         node = self.sg.tree.insert(InsertParams(key=key, value=value)).last_device_node
-        self.sg.tree.inc_lock_ref(node)  # the extent's reference keeps the entry from eviction
+        self._lock(node)  # the extent's reference keeps the entry from eviction
         return self._issue(_Extent(pages, node, key))
 
     def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
@@ -531,7 +610,7 @@ class SGLangRuntime:
         tree = self.sg.tree
         head_key = record.key[: (record.offset + at_page) * self.page_size]
         head = tree.match_prefix(MatchPrefixParams(key=head_key)).last_device_node  # splits the entry at at_page
-        tree.inc_lock_ref(head)  # the first part's own reference; the rest keeps the whole one's
+        self._lock(head)  # the first part's own reference; the rest keeps the whole one's
         del self.extents[extent.generation]
         return (
             self._issue(_Extent(record.pages[:at_page], head, head_key, offset=record.offset)),
@@ -540,7 +619,7 @@ class SGLangRuntime:
 
     def retain(self, extent: CacheExtentRef) -> None:
         record = self._entry(extent)  # SGLang's lock has no generation: a stale ref locks the entry too
-        self.sg.tree.inc_lock_ref(record.node)
+        self._lock(record.node)
         if extent.generation in self.extents:
             record.refs += 1
 
@@ -598,14 +677,14 @@ class SGLangRuntime:
         return ticket
 
     def submit(self, intents) -> tuple[TransferTicket, ...]:
-        if self.sg.controller is None:
-            from cacheruntime.protocol import NoL2
-
-            raise NoL2("this SGLang stack was built without a host pool")
         for intent in intents:  # translate every ref before the first SGLang call
             if not isinstance(intent, (Backup, Restore, Demote, Drop)):
                 raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
             self._extent(intent.extent)
+            if self.sg.controller is None:  # no host pool, no controller: nothing to translate a tier move into
+                from cacheruntime.protocol import NoL2
+
+                raise NoL2("this SGLang stack was built without a host pool")
         self._plan_restores(intents)
         tickets = []
         for intent in intents:
@@ -708,6 +787,8 @@ def _boundary(method):
             self._probed = None
         if self._depth == 0:
             self.calls[method.__name__] += 1
+            if self.checks is not None:
+                self.checks.run()  # SGLang's own checks, where its scheduler runs them (checks.py)
         return result
 
     return counted

@@ -13,10 +13,14 @@
 #     SGLang's declared dependencies pin its own CUDA torch (0.5.23: torch==2.14.1), which
 #     would replace the CPU torch 2.13.0 the adapter runs on.
 #   - the version is the checkout's (pyproject.toml), printed after the install;
-#   - Rust extensions are not built: the adapter drives the legacy Python `RadixCache`, not
-#     the Rust TreeCore, and none of the classes it uses imports a Rust extension. A
-#     checkout that carries built extensions (as a tree made from the wheel does) keeps them;
-#     one that does not runs without them.
+#   - Rust extensions are not built by this script. The adapter's `tree=radix` (legacy
+#     RadixCache) and `tree=unified-python` configurations import none; `tree=unified-rust`
+#     (the gate's TREE_CONFIGS) loads the Rust TreeCore, `sglang.srt.mem_cache.rust_tree_core`,
+#     through SGLang's own loader and fallback policy (0.5.23: tree_core_registry.
+#     _rust_fallback_reason): a checkout that carries the built extension (as a tree made from
+#     the wheel does, source_tree.py) uses it; one with the Rust sources and a cargo toolchain
+#     has SGLang build it; otherwise SGLang falls back to the Python TreeCore, which stack.py
+#     refuses, so that configuration fails in the gate rather than testing another core.
 # The shared .venv-sglang is changed by this (the wheel is replaced); `install.sh --force`
 # puts the pinned wheel back.
 set -euo pipefail

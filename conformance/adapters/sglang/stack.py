@@ -1,5 +1,7 @@
 """Build SGLang's real cache stack on CPU: request rows, paged KV allocator, device and
-host KV pools, the HiCache controller (direct io backend) and a RadixCache.
+host KV pools, the HiCache controller (direct io backend) and the radix tree: the legacy
+`RadixCache`, or 0.5.23's default `UnifiedRadixCache` with the Rust or the Python TreeCore
+(`TREES`, selected by the adapter option `tree`).
 
 Shared by the adapter (`adapter.py`) and the direct probes (`tests/sglang/`). Nothing
 here changes SGLang's behaviour: it constructs the classes with the arguments SGLang's
@@ -15,6 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+# The adapter option `tree` -> the TreeCore backend UnifiedRadixCache is built with (None:
+# the legacy RadixCache). 0.5.23's scheduler builds UnifiedRadixCache for a plain model
+# (mem_cache/registry.py: default_radix_cache_factory -> create_unified_radix_cache) with the
+# TreeCore SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND names (default "rust"; tree_core_registry.py).
+TREES: dict[str, str | None] = {"radix": None, "unified-rust": "rust", "unified-python": "python"}
 
 
 def prepare_imports() -> None:
@@ -38,7 +46,12 @@ class Stack:
     allocator: object  # PagedTokenToKVPoolAllocator (or TokenToKVPoolAllocator at page_size 1)
     host_pool: object | None  # MHATokenToKVPoolHost (L2)
     controller: object | None  # HiCacheController
-    tree: object  # RadixCache
+    tree: object  # RadixCache or UnifiedRadixCache
+    tree_kind: str = "radix"  # a key of TREES
+
+    @property
+    def unified(self) -> bool:
+        return TREES[self.tree_kind] is not None
 
 
 def build_stack(
@@ -51,8 +64,19 @@ def build_stack(
     layer_num: int = 1,
     head_dim: int = 2,
     paged: bool | None = None,
+    tree: str = "radix",
 ) -> Stack:
-    """A CPU stack sized like the protocol's RuntimeInfo (pages of `page_size` tokens)."""
+    """A CPU stack sized like the protocol's RuntimeInfo (pages of `page_size` tokens).
+
+    `tree` (a key of `TREES`): "unified-*" builds no host pool and no controller. 0.5.23
+    attaches HiCache to UnifiedRadixCache only through `init_hicache(server_args, params)`
+    (HybridCacheController, built from the server's global config), which owns backup,
+    demote and load-back itself; the adapter's tier moves have no image on it (notes.md).
+    """
+    if tree not in TREES:
+        raise ValueError(f"tree={tree!r}: one of {sorted(TREES)}")
+    if TREES[tree] is not None and l2_pages:
+        raise ValueError(f"tree={tree!r} runs without the host tier: pass l2_pages=0 (notes.md: the unified HiCache is not built on CPU here)")
     prepare_imports()
     import torch
 
@@ -97,5 +121,20 @@ def build_stack(
             io_backend="direct",
             write_policy="write_through",
         )
-    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=page_size))
-    return Stack(page_size, req_pool, kv, allocator, host, controller, tree)
+    params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=page_size)
+    backend = TREES[tree]
+    if backend is None:
+        return Stack(page_size, req_pool, kv, allocator, host, controller, RadixCache(params), tree)
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    # As create_unified_radix_cache sets them for a model with neither SWA nor Mamba layers;
+    # the backend through CacheInitParams.tree_core_backend (the per-cache override of the
+    # environment variable), resolved by SGLang's own fallback policy.
+    params.tree_components = (ComponentType.FULL,)
+    params.tree_core_backend = backend
+    unified = UnifiedRadixCache(params)
+    chosen = getattr(unified, "_tree_core_backend", None)
+    if chosen != backend:  # SGLang fell back (tree_core_registry._rust_fallback_reason): not the tree asked for
+        raise RuntimeError(f"tree={tree!r}: SGLang built the {chosen!r} TreeCore instead (see its log line 'Using the Python TreeCore: ...')")
+    return Stack(page_size, req_pool, kv, allocator, host, controller, unified, tree)

@@ -2,8 +2,9 @@
 
 The `model` section's rows say how far a step is from its bound; this says which kernels
 take the time, for the prefill of 8192 tokens and for a decode step of B = 16 requests of
-8192 tokens run eagerly (the graph replays the same kernels): `torch.profiler`'s table of
-the device time per kernel over three steps, after the steps that compile. Writes
+8192 tokens run eagerly (the graph replays the same layer kernels; its mask is built
+from device tensors instead): `torch.profiler`'s table of the device time per kernel over
+one `_time_step` call (two warm-up steps and one timed step), after a call that compiles. Writes
 `modelprof.txt` under OUT_DIR.
 """
 
@@ -33,7 +34,7 @@ def main(out_dir: str) -> int:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 seconds = _time_step(runner, config, device, PAGE, starts, ends, 1)
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
-            report.append(f"== {name}: {seconds * 1e3:.1f} ms per step (median; 3 steps profiled)\n{table}")
+            report.append(f"== {name}: {seconds * 1e3:.1f} ms per step (3 steps profiled: 2 warm-up, 1 timed)\n{table}")
             print(report[-1], flush=True)
     Path(out_dir, "modelprof.txt").write_text("\n".join(report))
     return 0

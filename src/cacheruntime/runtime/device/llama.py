@@ -9,8 +9,8 @@ D1 compares the runtime with recomputation of the same weights, not with a real 
 layer's projections together, their K and V are written at the locations the
 ReqToToken table gives, and attention reads the pool through the table
 (`pagedattention`), so a step never copies a request's context. On CUDA a decode step
-(one new token per item) replays a CUDA graph of its batch-size bucket (`decodegraphs`). `reference` recomputes
-a sequence from scratch with dense causal attention (no cache, no table): the served
+(one new token per item) replays a CUDA graph of its batch-size bucket (`decodegraphs`).
+`reference` recomputes a sequence from scratch with dense causal attention (no cache, no table): the served
 tokens must equal it (D1).
 """
 
@@ -83,8 +83,8 @@ class LlamaRunner:
         # The elementwise steps of a layer: eagerly each is several passes over the activations
         # (float32 conversions, a kernel per product and sum), a sixth of a prefill's time on the
         # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel. CPU runs them eagerly.
-        steps = (_rms_norm, _rotate, _swiglu)
-        self._elementwise = tuple(torch.compile(f, dynamic=True) for f in steps) if device.type == "cuda" else steps
+        fuse = (lambda f: torch.compile(f, dynamic=True)) if device.type == "cuda" else (lambda f: f)
+        self._norm, self._rotate, self._swiglu = fuse(_rms_norm), fuse(_rotate), fuse(_swiglu)
         #: decode steps replayed from CUDA graphs (on CUDA, where attention runs the compiled kernel)
         self.graphs = DecodeGraphs(self._decode_step, device) if cuda_graphs and device.type == "cuda" else None
 
@@ -177,8 +177,8 @@ class LlamaRunner:
         n = ids.shape[0]
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[ids]
+        norm, rotate, swiglu = self._norm, self._rotate, self._swiglu
         for index, w in enumerate(self.layers):
-            norm, rotate, swiglu = self._elementwise
             q, k, v = (norm(x, w["attn_norm"]) @ w["qkv"]).split(self.qkv_split, dim=-1)
             q = rotate(q.view(n, self.query_heads, cfg.head_dim), cos, sin)
             k = rotate(k.view(n, cfg.heads, cfg.head_dim), cos, sin)
@@ -190,7 +190,7 @@ class LlamaRunner:
 
     def _next_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy next token of each row of `hidden` `[m, hidden]`."""
-        return (self._elementwise[0](hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
+        return (self._norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:

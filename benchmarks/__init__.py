@@ -18,7 +18,10 @@ Sections (`--only` picks some):
   in-process on the pools (<= 1.0x), for B = 1, 16, 64, 256;
 - `model` (only when named in `--only`): the Llama runner's decode step against its HBM
   bound and its prefill against the matmul throughput, both limits measured in the run
-  (`benchmarks/model.py`).
+  (`benchmarks/model.py`);
+- `e2e` (only when named in `--only`): a multi-turn workload served through the Scheduler
+  on the Llama runner, TTFT, ITL and throughput of recompute, an L1 prefix cache, L1+L2
+  two-phase and one-phase (`benchmarks/e2e.py`).
 
 The printed table has: measurement, value, baseline, ratio, target, met. `--json` writes
 every row with its details. On CUDA, `--timeline DIR` writes profiler traces of a few
@@ -40,7 +43,7 @@ from typing import Any
 
 SECTIONS = ("transfer", "overlap", "itl", "cpu")
 #: sections run only when `--only` names them (the model's run needs a large GPU)
-OPT_IN_SECTIONS = ("model",)
+OPT_IN_SECTIONS = ("model", "e2e")
 
 
 def _ints(text: str) -> list[int]:
@@ -94,6 +97,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model-page-size", type=int, help="page size of the model section's KV (128)")
     g.add_argument("--model-bw-gib", type=int, help="GiB read by the bandwidth reduction (8)")
     g.add_argument("--model-matmul", type=int, help="n of the n x n x n matmul timing (8192)")
+    g.add_argument("--e2e-conversations", type=int, help="conversations of the e2e workload (32)")
+    g.add_argument("--e2e-turns", type=int, help="turns per conversation (4)")
+    g.add_argument("--e2e-system", type=_ints, help="system prompts' lengths in tokens, shared round-robin (2048,4096,8192)")
+    g.add_argument("--e2e-user", type=_ints, help="MIN,MAX tokens of a user turn (1024,2048)")
+    g.add_argument("--e2e-new-tokens", type=int, help="tokens generated per turn (32)")
+    g.add_argument("--e2e-arrival-gap", type=int, help="scheduler steps between the first turns of consecutive conversations (8)")
+    g.add_argument("--e2e-max-requests", type=int, help="request slots of the e2e runtime (16)")
+    g.add_argument("--e2e-prefill-tokens", type=int, help="prompt tokens computed per batch beyond the first prompt (8192)")
+    g.add_argument("--e2e-probe-prefix", type=int, help="prefix tokens of the idle TTFT probe (8192)")
+    g.add_argument("--e2e-probe-suffix", type=int, help="new tokens after the probe's prefix (128)")
+    g.add_argument("--e2e-probe-reps", type=int, help="timed reps of each probe path (5)")
 
 
 #: (full run on CUDA, --quick on CUDA, CPU, --quick on CPU)
@@ -133,6 +147,17 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "model_page_size": (128, 128, 16, 16),
     "model_bw_gib": (8, 4, 1, 1),
     "model_matmul": (8192, 8192, 512, 256),
+    "e2e_conversations": (32, 8, 8, 8),
+    "e2e_turns": (4, 2, 3, 3),
+    "e2e_system": ([2048, 4096, 8192], [2048, 8192], [64, 96], [32, 48]),
+    "e2e_user": ([1024, 2048], [512, 1024], [16, 32], [8, 16]),
+    "e2e_new_tokens": (32, 8, 6, 3),
+    "e2e_arrival_gap": (8, 4, 2, 2),
+    "e2e_max_requests": (16, 8, 4, 4),
+    "e2e_prefill_tokens": (8192, 8192, 128, 64),
+    "e2e_probe_prefix": (8192, 8192, 64, 32),
+    "e2e_probe_suffix": (128, 128, 16, 8),
+    "e2e_probe_reps": (5, 2, 3, 1),
 }
 
 
@@ -208,6 +233,10 @@ def main(args: argparse.Namespace) -> int:
                 from benchmarks import model
 
                 model.run(args, device, rows, guard)
+            elif section == "e2e":
+                from benchmarks import e2e
+
+                e2e.run(args, device, rows, guard)
         print(f"[{section}: {time.perf_counter() - t0:.1f} s]", flush=True)
     if traces and args.timeline:
         with guard("timeline", "export"):

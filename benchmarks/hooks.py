@@ -16,7 +16,9 @@ the runtime's structure is fixed here once. What it uses, all public:
 - the device layer's classes and helpers (KVMemory, DecoderConfig, `to_device`) and the D2H
   issue points, for the diagnostics and the bench model;
 - the Llama runner, its presets, ReqToToken and ComputeBatch, for the `model` section,
-  which times the runner's own step on a table it fills (no protocol calls).
+  which times the runner's own step on a table it fills (no protocol calls);
+- the device layer's runner, KV memory and ReqToToken table, for `warm_up` (the `e2e`
+  section), which runs the runner's step once per decode bucket before the timed run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -53,6 +56,7 @@ __all__ = [
     "new_runtime",
     "restores_wrapped",
     "to_device",
+    "warm_up",
 ]
 
 
@@ -91,3 +95,18 @@ def restores_wrapped(rt: LocalGPURuntime, wrapper: Callable[[CopyRoutine, list[i
             del mem.restore
         else:
             mem.restore = own
+
+
+def warm_up(rt: LocalGPURuntime, max_requests: int, prefill: int) -> None:
+    """Run the runtime's runner once per decode bucket up to `max_requests` items and once on a
+    `prefill`-token item, on rows no request holds yet, so that the timed run compiles
+    nothing and captures no graph: the first step of a bucket compiles its attention
+    kernel and captures its CUDA graph (`decodegraphs`), seconds that belong to no
+    request. The K and V it writes land in free pages, which hold nothing yet."""
+    layer = rt.device_layer
+    sizes = sorted({min(1 << i, max_requests) for i in range(max_requests.bit_length() + 1)})
+    batches = [([0] * n, [1] * n) for n in sizes] + [([0], [prefill])]
+    for starts, ends in batches:
+        plan_items = [SimpleNamespace(input_ids=(0,) * (end - start), append_previous_output=False) for start, end in zip(starts, ends)]
+        items = ComputeBatch(list(range(len(starts))), starts, ends, [0] * len(starts), plan_items, [None] * len(starts))
+        layer.runner.forward(layer.memory, layer.req_to_token.table, items).tolist()

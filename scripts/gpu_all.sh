@@ -7,7 +7,10 @@
 # that are packed into results.tar.gz; the files the record quotes are copied beside it.
 # Usage (on the device machine, from the repository root): OUT=... bash scripts/gpu_all.sh
 # scripts/gpu_model.sh (the Llama runner's tests on CUDA and the bench section `model`) runs
-# after them into $OUT/model (MODEL=0 skips it).
+# after them into $OUT/model (MODEL=0 skips it), and scripts/gpu_e2e.sh (the bench section
+# `e2e`: the multi-turn workload end to end on the real model) into $OUT/e2e (E2E=0 skips it).
+# The whole script is longer than one device call: run its parts in separate calls
+# (BENCH=0 MODEL=0 E2E=0 for the check alone, and so on), each into its own $OUT.
 # Options (environment): BENCH=0 skips the benchmark (the check alone fits one short call);
 # CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
 # this tree, in alternating processes (scripts/cpu_ab.py), on CPU and CUDA, into $OUT/cpu_ab_*.json.
@@ -28,6 +31,11 @@ if [[ "${MODEL:-1}" != 0 ]]; then
   OUT="$ROOT/model" bash scripts/gpu_model.sh >"$ROOT/gpu_model.log" 2>&1
   model=$?
 fi
+e2e=0
+if [[ "${E2E:-1}" != 0 ]]; then
+  OUT="$ROOT/e2e" bash scripts/gpu_e2e.sh >"$ROOT/gpu_e2e.log" 2>&1
+  e2e=$?
+fi
 if [[ -n "${CPU_AB_BASE:-}" ]]; then
   for device in cpu cuda; do
     "$PYTHON" scripts/cpu_ab.py --base "$CPU_AB_BASE" --new . --reps 7 --device $device --json "$ROOT/cpu_ab_$device.json" >>"$ROOT/cpu_ab.log" 2>&1 || bench=1
@@ -35,8 +43,8 @@ if [[ -n "${CPU_AB_BASE:-}" ]]; then
   cat "$ROOT/cpu_ab.log"
 fi
 
-cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/" 2>/dev/null
-tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model"
-echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model"
+cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/e2e/e2e.json" "$ROOT/" 2>/dev/null
+tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model e2e 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model" "$ROOT/e2e"
+echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model, gpu_e2e exit $e2e"
 tail -n 12 "$ROOT/summary.txt" 2>/dev/null
-[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 ]]
+[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 && $e2e -eq 0 ]]

@@ -25,12 +25,12 @@ def environment(model):
     return on_step
 
 
-def serve(requests, *, l1_pages=48, l2_pages=128, new_tokens=(4, 10), policy=WritePolicy.WRITE_THROUGH, seed=1, plans=None):
+def serve(requests, *, l1_pages=48, l2_pages=128, new_tokens=(4, 10), policy=WritePolicy.WRITE_THROUGH, seed=1, plans=None, **options):
     model = ReferenceModel(page_size=4, max_requests=4, max_request_tokens=128, l1_pages=l1_pages, l2_pages=l2_pages)
     if plans is not None:  # record every plan that crosses
         prepare = model.prepare_batch
         model.prepare_batch = lambda plan: (plans.append(plan), prepare(plan))[1]
-    scheduler = Scheduler(model, synthetic(SyntheticConfig(requests=requests, new_tokens=new_tokens, seed=seed)), write_policy=policy)
+    scheduler = Scheduler(model, synthetic(SyntheticConfig(requests=requests, new_tokens=new_tokens, seed=seed)), write_policy=policy, **options)
     stats = scheduler.run(on_step=environment(model))
     model.check_invariants()
     return model, scheduler, stats
@@ -48,6 +48,32 @@ def test_serves_everything_with_hits_in_both_tiers(policy):
     assert {"Publish", "Close", "Restore", "Demote"} <= kinds  # they ride in the plan
     assert any(item.append_previous_output for plan in plans for item in plan.items)
     assert all(not B2_plain_values(plan) for plan in plans)  # B2: only protocol values cross
+
+
+def test_without_prefix_cache_every_prompt_is_computed_and_served_the_same():
+    """The e2e bench's recompute baseline: nothing is published, so nothing is hit; the outputs are the cached run's."""
+    plans = []
+    _, _, cached = serve(24, plans=[])
+    _, scheduler, stats = serve(24, plans=plans, prefix_cache=False)
+    assert stats.requests == 24 and not scheduler.running
+    assert stats.hit_tokens_l1 == stats.hit_tokens_l2 == 0 and stats.computed_prompt_tokens == stats.prompt_tokens == cached.prompt_tokens
+    assert stats.generated_tokens == cached.generated_tokens
+    assert not any(type(i).__name__ in ("Publish", "Restore", "Backup") for plan in plans for i in plan.intents)
+
+
+def test_one_phase_executes_each_batch_in_the_step_that_prepares_it():
+    """`lookahead=False`: prepare and execute alternate (restores start right before their compute)."""
+    model = ReferenceModel(page_size=4, max_requests=4, max_request_tokens=128, l1_pages=48, l2_pages=128)
+    order: list[str] = []
+    for name in ("prepare_batch", "execute_batch"):
+        call = getattr(model, name)
+        setattr(model, name, lambda *a, _call=call, _name=name: (_call(*a), order.append(_name))[0])  # calls that succeeded
+    scheduler = Scheduler(model, synthetic(SyntheticConfig(requests=24, seed=1)), lookahead=False)
+    stats = scheduler.run(on_step=environment(model))
+    assert stats.requests == 24 and stats.restored_pages > 0
+    assert order == ["prepare_batch", "execute_batch"] * (len(order) // 2)
+    _, _, two_phase = serve(24)
+    assert (stats.prompt_tokens, stats.generated_tokens) == (two_phase.prompt_tokens, two_phase.generated_tokens)
 
 
 def test_out_of_pages_is_handled_by_eviction():

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from cacheruntime.invariants import check_state
 from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Demote, Restore
-from cacheruntime.runtime.device.llama import LLAMA_CONFIGS
+from cacheruntime.runtime.device.llama import LLAMA_CONFIGS, LlamaRunner
 from cacheruntime.runtime.device.pagedattention import KERNEL_PAGE, PagedBatch, paged_attention
 from cacheruntime.runtime.device.runner import DecoderConfig
 from cacheruntime.runtime.factories import local
@@ -99,12 +99,17 @@ def step(rt, requests, intents=()):
         request.tokens.append(result.next_token)
 
 
-def llama_runtime(device, **options):
-    return local(device, runner="llama-small", config=SMALL, page_size=PAGE, max_requests=4, max_request_tokens=96, seed=3, **options)
+def llama_runtime(device, *, gathered_prefill=None, **options):
+    sizes = dict(page_size=PAGE, max_requests=4, max_request_tokens=96)
+    runner = LlamaRunner(SMALL, sizes["max_request_tokens"] + PAGE, torch.device(device), 3, gathered_prefill=gathered_prefill)
+    return local(device, runner=runner, config=SMALL, seed=3, **sizes, **options)
 
 
-def test_multi_turn_prefix_hits_equal_recomputation(device):
-    rt = llama_runtime(device, l1_pages=20, l2_pages=32)
+# "gathered": prefill items in a pass of their own, each row's context gathered for
+# scaled_dot_product_attention (the CUDA path of half-precision pages), beside the decode items
+@pytest.mark.parametrize("prefill", ["paged", "gathered"])
+def test_multi_turn_prefix_hits_equal_recomputation(device, prefill):
+    rt = llama_runtime(device, gathered_prefill=prefill == "gathered", l1_pages=20, l2_pages=32)
     rng = random.Random(11)
     print("seed 11 (tokens), runtime seed 3")
     tokens = lambda n: [rng.randrange(SMALL.vocab) for _ in range(n)]  # noqa: E731
@@ -320,7 +325,7 @@ def test_llama3_8b_shape_paged_steps_match_dense_recomputation():
     table.pages.copy_((torch.tensor([[4, 0, 2], [5, 1, 3]], device=cuda)[..., None] * page + table.offsets).to(torch.int32))
     hidden: list[torch.Tensor] = []
     next_tokens = runner._next_tokens
-    runner._next_tokens = lambda h: hidden.append(h.float()) or next_tokens(h)  # type: ignore[method-assign]
+    runner._next_tokens = lambda h, **kw: hidden.append(h.float()) or next_tokens(h, **kw)  # type: ignore[method-assign]
     rng = random.Random(17)
     print(f"seed 0 (weights), 17 (prompts); tolerance {DENSE_TOLERANCE_8B}")
     sequences = [[rng.randrange(config.vocab) for _ in range(n)] for n in (300, 131)]

@@ -209,7 +209,13 @@ class Scheduler:
         max_prefill_tokens: int = 256,
         headroom_pages: int = 0,
         on_token: Callable[[str, tuple[int, ...], int | None], None] | None = None,
+        prefix_cache: bool = True,
+        lookahead: bool = True,
     ):
+        """`prefix_cache=False`: publish nothing, so every prompt is computed whole (the
+        baseline a prefix cache is measured against). `lookahead=False`: execute each batch
+        in the step that prepares it, so its restores start only right before its compute
+        (one-phase); by default batch N+1 is prepared before batch N executes (two-phase)."""
         self.runtime = BoundaryCounter(runtime)
         self.info: RuntimeInfo = self.runtime.info()
         self.write_policy = write_policy
@@ -218,6 +224,7 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.headroom_pages = headroom_pages
         self.on_token = on_token
+        self.prefix_cache, self.lookahead = prefix_cache, lookahead
         self.waiting: deque[RequestSpec] = deque()
         self.running: list[_Running] = []
         self.ahead: _Batch | None = None  # prepared, not executed
@@ -283,6 +290,8 @@ class Scheduler:
         if self.ahead is not None and self._execute_ahead(later=batch) and batch is not None and batch.undone:
             batch = None
         self.ahead = batch
+        if not self.lookahead and self.ahead is not None:
+            self._execute_ahead()
         failed_restores = self._account(self.runtime.poll_completions())
         if self.ahead is not None and failed_restores & self.ahead.attached:
             self._cancel_ahead()
@@ -388,7 +397,7 @@ class Scheduler:
     def _publish(self, batch: _Batch, r: _Running) -> None:
         """Publish the row's full pages that the tree does not have yet (after this batch's compute)."""
         full = r.reserved // self.info.page_size
-        if full > r.published:
+        if full > r.published and self.prefix_cache:
             batch.item_intents.append(Publish(r.handle, r.published, full - r.published))
             batch.publishes.append((r, r.published, full - r.published))
             r.published = full

@@ -9,7 +9,11 @@ D1 compares the runtime with recomputation of the same weights, not with a real 
 layer's projections together, their K and V are written at the locations the
 ReqToToken table gives, and attention reads the pool through the table
 (`pagedattention`), so a step never copies a request's context. On CUDA a decode step
-(one new token per item) replays a CUDA graph of its batch-size bucket (`decodegraphs`).
+(one new token per item) replays a CUDA graph of its batch-size bucket (`decodegraphs`),
+and a batch with prefill items runs in two passes, as SGLang runs its extend and decode
+batches apart: its decode items as a decode step, its prefill items with each row's
+context gathered for the fused attention kernel (`row_attention`), so prompts of any
+length run without compiling a kernel per length.
 `reference` recomputes a sequence from scratch with dense causal attention (no cache, no table): the served
 tokens must equal it (D1).
 """
@@ -17,6 +21,7 @@ tokens must equal it (D1).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from cacheruntime.runtime.device.decodegraphs import DecodeGraphs
-from cacheruntime.runtime.device.pagedattention import PagedBatch, paged_attention, runs_compiled
+from cacheruntime.runtime.device.pagedattention import PagedBatch, paged_attention, row_attention, runs_compiled
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig
 from cacheruntime.runtime.device.streams import to_device
 
@@ -40,6 +45,10 @@ LLAMA_CONFIGS: dict[str, DecoderConfig] = {
 }
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: a layer's elementwise steps: RMSNorm, the rotary embedding, SwiGLU
+Elementwise = tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
+#: steps of at least this many tokens run the compiled elementwise steps outside a graph (see __init__)
+FUSED_FROM_TOKENS = 1024
 
 
 class LlamaRunner:
@@ -47,7 +56,9 @@ class LlamaRunner:
 
     tagged = False
 
-    def __init__(self, config: DecoderConfig, max_positions: int, device: torch.device, seed: int, *, cuda_graphs: bool = True):
+    def __init__(
+        self, config: DecoderConfig, max_positions: int, device: torch.device, seed: int, *, cuda_graphs: bool = True, gathered_prefill: bool | None = None
+    ):
         query_heads = config.query_heads or config.heads
         if query_heads % config.heads or config.head_dim % 2:
             raise ValueError(f"a Llama config needs query_heads ({query_heads}) a multiple of heads ({config.heads}) and an even head_dim ({config.head_dim})")
@@ -82,11 +93,18 @@ class LlamaRunner:
         self.cos, self.sin = angles.cos(), angles.sin()
         # The elementwise steps of a layer: eagerly each is several passes over the activations
         # (float32 conversions, a kernel per product and sum), a sixth of a prefill's time on the
-        # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel. CPU runs them eagerly.
-        fuse = (lambda f: torch.compile(f, dynamic=True)) if device.type == "cuda" else (lambda f: f)
-        self._norm, self._rotate, self._swiglu = fuse(_rms_norm), fuse(_rotate), fuse(_swiglu)
+        # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel, but each call of a
+        # compiled function costs the host its guards and wrappers, about 0.15 ms (five calls a
+        # layer). So a step of fewer than FUSED_FROM_TOKENS tokens, whose device work is too
+        # small to hide that (a cache hit's short prefill), runs them eagerly; a decode step runs
+        # them compiled, as its graph captures them (a replay has no host cost). CPU runs them eagerly.
+        eager: Elementwise = (_rms_norm, _rotate, _swiglu)
+        fused: Elementwise = (torch.compile(_rms_norm, dynamic=True), torch.compile(_rotate, dynamic=True), torch.compile(_swiglu, dynamic=True))
+        self._elementwise = {False: eager, True: fused if device.type == "cuda" else eager}
         #: decode steps replayed from CUDA graphs (on CUDA, where attention runs the compiled kernel)
         self.graphs = DecodeGraphs(self._decode_step, device) if cuda_graphs and device.type == "cuda" else None
+        #: prefill items attend through `row_attention` (None: where attention runs the compiled kernel)
+        self.gathered_prefill = gathered_prefill
 
     @property
     def step_weight_bytes(self) -> int:
@@ -104,8 +122,18 @@ class LlamaRunner:
         """Each item's greedy next token (a device tensor), writing and reading KV through `table`."""
         self._check_layout(memory.l1)
         _, _, pool_pages, page_size, _, _ = memory.l1.shape
-        if self.graphs is not None and runs_compiled(self.device, page_size, memory.l1.dtype) and self.graphs.serves(items):
+        compiled = runs_compiled(self.device, page_size, memory.l1.dtype)
+        if self.graphs is not None and compiled and self.graphs.serves(items):
             return self.graphs.run(memory, table, items)
+        prefill = [i for i, (start, end) in enumerate(zip(items.starts, items.ends)) if end - start > 1]
+        if prefill and (compiled if self.gathered_prefill is None else self.gathered_prefill):
+            if len(prefill) == len(items):
+                return self._prefill(memory, table, items)
+            decode = [i for i, (start, end) in enumerate(zip(items.starts, items.ends)) if end - start == 1]
+            tokens = torch.empty(len(items), dtype=torch.int64, device=self.device)
+            tokens[to_device(decode, torch.int64, self.device)] = self.forward(memory, table, items.subset(decode))
+            tokens[to_device(prefill, torch.int64, self.device)] = self._prefill(memory, table, items.subset(prefill))
+            return tokens
         batch = PagedBatch(table, items.slots, items.starts, items.ends, page_size, pool_pages)
         ids = to_device([token for tokens in items.token_ids for token in tokens], torch.int64, self.device)
 
@@ -115,8 +143,29 @@ class LlamaRunner:
             v_pool.index_copy_(0, batch.new_locations, v)
             return paged_attention(q, k_pool, v_pool, batch)
 
-        hidden = self._layers(ids, batch.positions, attend)
-        return self._next_tokens(hidden.index_select(0, batch.last))
+        # a decode step runs the kernels its graph captures (fused), with or without the graph
+        decode = batch.q_len == 1
+        hidden = self._layers(ids, batch.positions, attend, fused=True if decode else None)
+        return self._next_tokens(hidden.index_select(0, batch.last), fused=decode)
+
+    def _prefill(self, memory: Any, table: torch.Tensor, items: ComputeBatch) -> torch.Tensor:
+        """Each item's next token, attention through `row_attention` item by item (see the module docstring)."""
+        lengths = [end - start for start, end in zip(items.starts, items.ends)]
+        ids = to_device([token for tokens in items.token_ids for token in tokens], torch.int64, self.device)
+        slots = to_device([slot for slot, n in zip(items.slots, lengths) for _ in range(n)], torch.int64, self.device)
+        positions = to_device([p for start, end in zip(items.starts, items.ends) for p in range(start, end)], torch.int64, self.device)
+        locations = table[slots, positions].long()
+        rows = [table[slot, :end].long() for slot, end in zip(items.slots, items.ends)]
+        bounds = [0, *itertools.accumulate(lengths)]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_pool, v_pool = memory.layer_kv(layer)
+            k_pool.index_copy_(0, locations, k)
+            v_pool.index_copy_(0, locations, v)
+            return torch.cat([row_attention(q[lo:hi], k_pool, v_pool, row) for lo, hi, row in zip(bounds, bounds[1:], rows)])
+
+        hidden = self._layers(ids, positions, attend)
+        return self._next_tokens(hidden.index_select(0, to_device([hi - 1 for hi in bounds[1:]], torch.int64, self.device)))
 
     @contextlib.contextmanager
     def without_graphs(self) -> Iterator[None]:
@@ -142,7 +191,7 @@ class LlamaRunner:
             v_pool.index_copy_(0, locations, v[source])
             return paged_attention(q, k_pool, v_pool, batch)
 
-        return self._next_tokens(self._layers(ids, positions, attend))
+        return self._next_tokens(self._layers(ids, positions, attend, fused=True), fused=True)
 
     def finish(self, outputs: list, items: ComputeBatch) -> list[int]:
         """The host values of `forward`'s tensor: one token per item."""
@@ -171,13 +220,15 @@ class LlamaRunner:
                 f"{cfg.layers}, {cfg.heads}, {cfg.head_dim}, {cfg.torch_dtype}: give the runtime the runner's config"
             )
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """Run tokens `ids` at `positions` through every layer; `attend(layer, q, k, v)` is the attention."""
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend, *, fused: bool | None = None) -> torch.Tensor:
+        """Run tokens `ids` at `positions` through every layer; `attend(layer, q, k, v)` is the attention.
+
+        `fused`: the compiled elementwise steps (None: for steps of FUSED_FROM_TOKENS tokens or more)."""
         cfg = self.config
         n = ids.shape[0]
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[ids]
-        norm, rotate, swiglu = self._norm, self._rotate, self._swiglu
+        norm, rotate, swiglu = self._elementwise[n >= FUSED_FROM_TOKENS if fused is None else fused]
         for index, w in enumerate(self.layers):
             q, k, v = (norm(x, w["attn_norm"]) @ w["qkv"]).split(self.qkv_split, dim=-1)
             q = rotate(q.view(n, self.query_heads, cfg.head_dim), cos, sin)
@@ -188,9 +239,10 @@ class LlamaRunner:
             x = torch.addmm(x, swiglu(norm(x, w["mlp_norm"]) @ w["gate_up"]), w["down"])
         return x
 
-    def _next_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _next_tokens(self, hidden: torch.Tensor, *, fused: bool = False) -> torch.Tensor:
         """Greedy next token of each row of `hidden` `[m, hidden]`."""
-        return (self._norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
+        norm = self._elementwise[fused][0]
+        return (norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,8 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from cacheruntime.runtime.device.streams import to_device
@@ -174,6 +176,25 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     out = attend(queries, keys, values, block_mask=batch.block_mask, scale=1.0 / math.sqrt(head_dim), enable_gqa=q_heads != kv_heads, kernel_options=options)
     out = out.transpose(1, 2).reshape(batch.batch * batch.q_len, q_heads, head_dim)
     return out if decode else out.index_select(0, batch.pad_index)
+
+
+def row_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the last `n` positions of one row (queries `[n, q_heads, head_dim]`)
+    over the K and V of its positions `0 .. len(row)-1`, at the pool locations `row`.
+
+    The prefill path on CUDA: the row's K and V are gathered into one contiguous run (a copy
+    of its context, small beside a prefill's projections) and attended with
+    `scaled_dot_product_attention`'s fused kernels, whose lengths are arguments rather than
+    compiled shapes. FlexAttention's compiled kernel is specialised to its static shape
+    (batch, query length, pool), so prompts of every length would each compile their own;
+    the decode steps, whose shapes the batch-size buckets bound, keep it. Query i sits at
+    position `len(row) - n + i` (lower-right causal alignment).
+    """
+    n, q_heads, _ = q.shape
+    groups = q_heads // k_pool.shape[1]
+    keys, values = (pool.index_select(0, row).repeat_interleave(groups, dim=1).transpose(0, 1)[None] for pool in (k_pool, v_pool))
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=causal_lower_right(n, row.shape[0]))
+    return out[0].transpose(0, 1)
 
 
 #: the backward pass's half of a block mask (its query-side indices) is never used here:

@@ -325,7 +325,7 @@ def test_llama3_8b_shape_paged_steps_match_dense_recomputation():
     table.pages.copy_((torch.tensor([[4, 0, 2], [5, 1, 3]], device=cuda)[..., None] * page + table.offsets).to(torch.int32))
     hidden: list[torch.Tensor] = []
     next_tokens = runner._next_tokens
-    runner._next_tokens = lambda h, **kw: hidden.append(h.float()) or next_tokens(h, **kw)  # type: ignore[method-assign]
+    runner._next_tokens = lambda h: hidden.append(h.float()) or next_tokens(h)  # type: ignore[method-assign]
     rng = random.Random(17)
     print(f"seed 0 (weights), 17 (prompts); tolerance {DENSE_TOLERANCE_8B}")
     sequences = [[rng.randrange(config.vocab) for _ in range(n)] for n in (300, 131)]

@@ -45,10 +45,6 @@ LLAMA_CONFIGS: dict[str, DecoderConfig] = {
 }
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-#: a layer's elementwise steps: RMSNorm, the rotary embedding, SwiGLU
-Elementwise = tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
-#: steps of at least this many tokens run the compiled elementwise steps outside a graph (see __init__)
-FUSED_FROM_TOKENS = 1024
 
 
 class LlamaRunner:
@@ -93,14 +89,11 @@ class LlamaRunner:
         self.cos, self.sin = angles.cos(), angles.sin()
         # The elementwise steps of a layer: eagerly each is several passes over the activations
         # (float32 conversions, a kernel per product and sum), a sixth of a prefill's time on the
-        # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel, but each call of a
-        # compiled function costs the host its guards and wrappers, about 0.15 ms (five calls a
-        # layer). So a step of fewer than FUSED_FROM_TOKENS tokens, whose device work is too
-        # small to hide that (a cache hit's short prefill), runs them eagerly; a decode step runs
-        # them compiled, as its graph captures them (a replay has no host cost). CPU runs them eagerly.
-        eager: Elementwise = (_rms_norm, _rotate, _swiglu)
-        fused: Elementwise = (torch.compile(_rms_norm, dynamic=True), torch.compile(_rotate, dynamic=True), torch.compile(_swiglu, dynamic=True))
-        self._elementwise = {False: eager, True: fused if device.type == "cuda" else eager}
+        # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel, and a short prefill,
+        # whose time is the host's launching, launched no faster eagerly (docs/gpu-record.md,
+        # benchmarks/diagnostics/prefillhost.py). CPU runs them eagerly.
+        fuse = (lambda f: torch.compile(f, dynamic=True)) if device.type == "cuda" else (lambda f: f)
+        self._norm, self._rotate, self._swiglu = fuse(_rms_norm), fuse(_rotate), fuse(_swiglu)
         #: decode steps replayed from CUDA graphs (on CUDA, where attention runs the compiled kernel)
         self.graphs = DecodeGraphs(self._decode_step, device) if cuda_graphs and device.type == "cuda" else None
         #: prefill items attend through `row_attention` (None: where attention runs the compiled kernel)
@@ -143,10 +136,8 @@ class LlamaRunner:
             v_pool.index_copy_(0, batch.new_locations, v)
             return paged_attention(q, k_pool, v_pool, batch)
 
-        # a decode step runs the kernels its graph captures (fused), with or without the graph
-        decode = batch.q_len == 1
-        hidden = self._layers(ids, batch.positions, attend, fused=True if decode else None)
-        return self._next_tokens(hidden.index_select(0, batch.last), fused=decode)
+        hidden = self._layers(ids, batch.positions, attend)
+        return self._next_tokens(hidden.index_select(0, batch.last))
 
     def _prefill(self, memory: Any, table: torch.Tensor, items: ComputeBatch) -> torch.Tensor:
         """Each item's next token, attention through `row_attention` item by item (see the module docstring)."""
@@ -191,7 +182,7 @@ class LlamaRunner:
             v_pool.index_copy_(0, locations, v[source])
             return paged_attention(q, k_pool, v_pool, batch)
 
-        return self._next_tokens(self._layers(ids, positions, attend, fused=True), fused=True)
+        return self._next_tokens(self._layers(ids, positions, attend))
 
     def finish(self, outputs: list, items: ComputeBatch) -> list[int]:
         """The host values of `forward`'s tensor: one token per item."""
@@ -220,15 +211,13 @@ class LlamaRunner:
                 f"{cfg.layers}, {cfg.heads}, {cfg.head_dim}, {cfg.torch_dtype}: give the runtime the runner's config"
             )
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend, *, fused: bool | None = None) -> torch.Tensor:
-        """Run tokens `ids` at `positions` through every layer; `attend(layer, q, k, v)` is the attention.
-
-        `fused`: the compiled elementwise steps (None: for steps of FUSED_FROM_TOKENS tokens or more)."""
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """Run tokens `ids` at `positions` through every layer; `attend(layer, q, k, v)` is the attention."""
         cfg = self.config
         n = ids.shape[0]
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[ids]
-        norm, rotate, swiglu = self._elementwise[n >= FUSED_FROM_TOKENS if fused is None else fused]
+        norm, rotate, swiglu = self._norm, self._rotate, self._swiglu
         for index, w in enumerate(self.layers):
             q, k, v = (norm(x, w["attn_norm"]) @ w["qkv"]).split(self.qkv_split, dim=-1)
             q = rotate(q.view(n, self.query_heads, cfg.head_dim), cos, sin)
@@ -239,10 +228,9 @@ class LlamaRunner:
             x = torch.addmm(x, swiglu(norm(x, w["mlp_norm"]) @ w["gate_up"]), w["down"])
         return x
 
-    def _next_tokens(self, hidden: torch.Tensor, *, fused: bool = False) -> torch.Tensor:
+    def _next_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy next token of each row of `hidden` `[m, hidden]`."""
-        norm = self._elementwise[fused][0]
-        return (norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
+        return (self._norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:

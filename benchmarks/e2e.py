@@ -178,7 +178,9 @@ def _serve(rt: Any, roots: list[RequestSpec], follow_ups: list[FollowUp], prefix
         ttft[int(request_id.rpartition("t")[2])].append(times[0] - source.arrived[request_id])
         itl.extend(b - a for a, b in itertools.pairwise(times))
     everything = [t for turn in ttft.values() for t in turn]
+    milliseconds = lambda values: [round(v * 1e3, 3) for v in values]  # noqa: E731
     return {
+        "samples": {"ttft_ms": {turn: milliseconds(values) for turn, values in sorted(ttft.items())}, "itl_ms": milliseconds(itl)},
         "seconds": seconds,
         "tokens_per_s": stats.generated_tokens / seconds,
         "ttft": {turn: _p50_p99(values) + (len(values),) for turn, values in sorted(ttft.items())},
@@ -213,7 +215,14 @@ def _rows(results: dict[str, dict[str, Any]], rows: list[Row]) -> None:
     for name, r in results.items():
         if name == "recompute":
             continue
-        detail = {"stats": r["stats"], "baseline_stats": base["stats"], "seconds": r["seconds"], "baseline_seconds": base["seconds"]}
+        detail = {
+            "stats": r["stats"],
+            "baseline_stats": base["stats"],
+            "seconds": r["seconds"],
+            "baseline_seconds": base["seconds"],
+            "samples": r["samples"],  # every TTFT (per turn) and ITL, for the plots
+            "baseline_samples": base["samples"],
+        }
         for turn, (p50, p99, n) in r["ttft"].items():
             b50, b99, _ = base["ttft"].get(turn, (0.0, 0.0, 0))
             rows.append(Row(SECTION, f"{name}: TTFT p50 turn {turn}", "ms", p50 * 1e3, b50 * 1e3, "recompute", detail={"samples": n}))

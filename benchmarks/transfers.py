@@ -10,10 +10,17 @@ same bytes (raw cudaMemcpy), measured in the same run:
   from an idle device until the completion is reported: what control sees;
 - *data path*: the runtime's `KVMemory.restore`/`backup` alone on the same physical page
   lists, CUDA events on a side stream: the copy routine without bookkeeping.
+
+Both directions at once (per page size, scattered runs of the middle length): one extent restored
+and another backed up by one `submit` + `wait_completions()`, against both pinned copies
+running together on two streams in the same run (target >= 0.90): H2D and D2H share the
+PCIe link's two directions and the host's memory, so the baseline is their joint rate,
+not the sum of each alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -51,7 +58,7 @@ def _page_size(args: Any, device: torch.device, clock: Clock, rows: list[Row], g
     pages = max(longest, (args.transfer_mib << 20) // page_bytes)
     pages = -(-pages // longest) * longest  # whole runs of every length
     nbytes = pages * page_bytes
-    pool = 2 * pages + 2 * longest
+    pool = 3 * pages + 2 * longest  # both directions: two extents live, and room to scatter a third
     runner = bench_runner(args, device, read_context=False, max_new_tokens=min(pages * page_size, 4096))
     rt = make_runtime(args, device, runner, page_size=page_size, max_requests=2, max_request_tokens=pages * page_size, l1_pages=pool, l2_pages=pool)
     try:
@@ -61,6 +68,8 @@ def _page_size(args: Any, device: torch.device, clock: Clock, rows: list[Row], g
         for run_len in args.runs:
             with guard(SECTION, f"page_size={page_size} run={run_len}"):
                 _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, base_h2d, base_d2h, rng)
+        with guard(SECTION, f"page_size={page_size} both directions"):
+            _both_directions(args, device, clock, rows, rt, page_size, sorted(args.runs)[len(args.runs) // 2], pages, nbytes, rng)
     finally:
         close_runtime(rt)
 
@@ -151,3 +160,82 @@ def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, 
         add(kind, "runtime data path", data)
     rt.release(extent)
     rt.wait_completions()
+
+
+def _both_directions(
+    args: Any, device: torch.device, clock: Clock, rows: list[Row], rt: Any, page_size: int, run_len: int, pages: int, nbytes: int, rng: random.Random
+) -> None:
+    """A restore of one extent and a backup of another in one submit, against both pinned copies at once."""
+
+    def prefilled() -> Any:
+        request = rt.open_request()
+        rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(request, (1,) * (pages * page_size)),))))
+        extent = rt.publish(request, 0, pages)
+        rt.close_request(request)
+        return extent
+
+    def fragmented(*tiers: Tier) -> None:
+        for tier in tiers:
+            fragment_free_list(rt, tier, run_len, pages, rng)
+
+    fragmented(Tier.L1)
+    restored = prefilled()
+    fragmented(Tier.L1, Tier.L2)
+    backed_up = prefilled()
+    rt.submit((Backup(restored),))
+    rt.wait_completions()
+    rt.submit((Demote(restored),))
+
+    def protocol() -> float:
+        fragmented(Tier.L1, Tier.L2)
+        seconds = clock.wall(lambda: (rt.submit((Restore(restored), Backup(backed_up))), rt.wait_completions()))
+        rt.submit((Demote(restored), Drop(backed_up)))
+        rt.wait_completions()
+        return seconds
+
+    reps = [protocol() for _ in range(args.reps + 1)][1:]
+    baseline = _both_pinned(args, device, clock, nbytes)
+    seconds = median(reps)
+    rows.append(
+        Row(
+            SECTION,
+            f"restore + backup at once ps={page_size} run={run_len} runtime (protocol)",
+            "GB/s",
+            2 * nbytes / seconds / 1e9,
+            2 * nbytes / baseline / 1e9,
+            "pinned copy_ H2D and D2H at once",
+            "ratio",
+            ">=",
+            0.90,
+            {
+                "page_size": page_size,
+                "run": run_len,
+                "pages": pages,
+                "bytes_each_way": nbytes,
+                "seconds": seconds,
+                "seconds_per_rep": reps,
+                "baseline_seconds": baseline,
+            },
+        )
+    )
+    for extent in (restored, backed_up):
+        rt.release(extent)
+    rt.wait_completions()
+
+
+def _both_pinned(args: Any, device: torch.device, clock: Clock, nbytes: int) -> float:
+    """Seconds for a pinned H2D and a pinned D2H of `nbytes` each, issued together on two streams (median)."""
+    cuda = device.type == "cuda"
+    host_in, host_out = (torch.randint(0, 255, (nbytes,), dtype=torch.uint8) for _ in range(2))
+    if cuda:
+        host_in, host_out = host_in.pin_memory(), host_out.pin_memory()
+    dev_in, dev_out = (torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(2))
+    streams = (torch.cuda.Stream(device), torch.cuda.Stream(device)) if cuda else (None, None)
+
+    def both() -> None:
+        with torch.cuda.stream(streams[0]) if cuda else contextlib.nullcontext():
+            dev_in.copy_(host_in, non_blocking=True)
+        with torch.cuda.stream(streams[1]) if cuda else contextlib.nullcontext():
+            host_out.copy_(dev_out, non_blocking=True)
+
+    return median([clock.wall(both) for _ in range(args.reps + 1)][1:])

@@ -1,6 +1,6 @@
 """The bench section `e2e` on CPU (llama-small): every configuration serves the whole workload,
-and each one's prefixes come from where it says (none, L1, L1 and L2). Structure only: CPU
-timings decide nothing."""
+and each one's prefixes come from where it says (none, L1, L1 and L2); its plots render.
+Structure only: CPU timings decide nothing."""
 
 from __future__ import annotations
 
@@ -29,3 +29,9 @@ def test_e2e_section_serves_every_configuration(tmp_path: Path) -> None:
     assert all(stats[name]["hit_tokens_l2"] > 0 and stats[name]["restored_pages"] > 0 for name in ("l1+l2", "l1+l2 one-phase"))
     assert {"TTFT L2 hit, 32-token prefix + 8 new", "TTFT L1 hit, 32-token prefix + 8 new"} <= set(rows)
     assert all(row["ratio"] > 0 for row in rows.values())
+
+    from benchmarks.e2eplots import render
+
+    pngs = render(result, tmp_path / "plots")
+    assert sorted(path.name for path in pngs) == ["e2e-l1-l2-one-phase.png", "e2e-l1-l2.png", "e2e-l1.png"]
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in pngs)

@@ -206,7 +206,7 @@ class BenchRunner:
     block of ~2 GB that grows every step: the CUDA caching allocator cannot reuse the
     previous step's block, so it maps a new one every step and, with device memory full,
     frees its cache and retries. On an H200 that doubled the runtime's restore times for
-    runs of ~8 steps twice per 60 steps (docs/benchmarks.md, overlap).
+    runs of ~8 steps twice per 60 steps (docs/bench-h200/history/benchmarks-2026-11-29.md, overlap).
     """
 
     tagged = False

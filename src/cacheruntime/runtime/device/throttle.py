@@ -19,7 +19,7 @@ from cacheruntime.runtime.device.streams import Event, Result
 #: compute, so that it runs under it ("under_compute"); after the compute's event, so that
 #: it starts when the compute ends ("after_compute"); or once the batch's outputs are on
 #: the host ("after_outputs"). Only the timing differs; the benchmark's ITL variants
-#: measure them, and docs/benchmarks.md gives the H200's figures behind the default.
+#: measure them, and docs/bench-h200/history/benchmarks-2026-11-29.md gives the H200's figures behind the default.
 D2H_ISSUE_POINTS = ("under_compute", "after_compute", "after_outputs")
 
 

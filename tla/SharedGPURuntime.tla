@@ -519,8 +519,8 @@ O3 == \A t \in inflight : t.dst \notin Range(free1)
 (* the runtime holds for it.  No catalogue id: they are this design test's *)
 (* (tla/README.md), not v1's.                                              *)
 
-(* OwnRequests: a client's open request stays open, and its, until that   *)
-(* client closes it (or a restart ends every request).                    *)
+(* OwnRequests: a request a client opened stays open, and that client's,  *)
+(* until it closes it (or a restart ends every request).                  *)
 OwnRequests == \A c \in Clients : \A s \in opened[c] : live[s] /\ owner[s] = c
 
 (* OwnReferences: the runtime counts exactly the references the clients   *)

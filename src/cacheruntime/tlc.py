@@ -6,7 +6,8 @@ depth TLC reports, and the seconds it took when pinned. A mutant model names an 
 text replacement in CacheRuntime.tla (a guard removed, an event wait dropped, ...); the
 driver applies it to a copy and expects TLC to fail with exit code 12 or 13 and the
 invariant's name in the output. Any difference from the manifest, the state count
-included, fails the command.
+included, fails the command. A model may check another module of tla/ (`module`, e.g. the
+SharedGPURuntime design test); its mutations then apply to that module.
 
 A model may also name actions that must be taken (`actions_taken`): TLC then runs with
 `-coverage` and the model fails unless each named action found at least one distinct
@@ -127,17 +128,19 @@ def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"cacheruntime-tlc-{name}-") as tmp:
         work = Path(tmp)
-        spec_text = (tla_dir / SPEC).read_text()
+        module = model.get("module", SPEC)
+        spec_text = (tla_dir / module).read_text()
         for mutation in model.get("mutations", []):
             hits = spec_text.count(mutation["from"])
             if hits != 1:
                 return Outcome(name, expected, f"error:mutation text found {hits} times", None, None, 0.0, -1)
             spec_text = spec_text.replace(mutation["from"], mutation["to"])
-        (work / SPEC).write_text(spec_text)
+        if module != SPEC:
+            shutil.copy(tla_dir / SPEC, work / SPEC)
+        (work / module).write_text(spec_text)
         for extra in model.get("modules", []):
             shutil.copy(tla_dir / extra, work / Path(extra).name)
         shutil.copy(tla_dir / model["config"], work / "MC.cfg")
-        module = model.get("module", SPEC)
         cmd = [
             java,
             "-XX:+UseParallelGC",

@@ -1,0 +1,119 @@
+"""The process boundary's cost: the same runtime in this process and in a runtime process, side by side.
+
+Per batch size B (`process_batches`): the host time of one decode step through the
+boundary (`prepare_batch` + `execute_batch` + `poll_completions` of B one-token items on
+rows holding `cpu_context` tokens), on `LocalGPURuntime` called in-process and on
+`ProcessGPURuntime` driving the same runtime (same factory, same sizes, the bench's
+`NullRunner`, so the time is bookkeeping plus, for the process, the messages); and once,
+the round trip of the cheapest call (`poll_completions` with nothing in flight), which is
+the link's fixed cost per call. Both sides run in alternating blocks (`cpucost.alternating`).
+The rows carry no target: the issue's target (decode ITL with the real model, process over
+local <= 1.03) needs the model section's runner on the H200, not this bookkeeping-only step.
+
+Runs on CPU in CI-sized form and on CUDA unchanged (scripts/gpu_all.sh); the GPU machine
+needs the [process] extra's wheels (pyzmq) carried, as it has no package installs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.cpucost import CALLS, alternating, timed_step
+from benchmarks.harness import NullRunner, close_runtime, kv_config
+from benchmarks.hooks import new_runtime
+from benchmarks.report import Row
+from cacheruntime.protocol import BatchItem, BatchPlan
+
+SECTION = "process"
+FACTORY = "benchmarks.processcost:null_runtime"
+
+
+def null_runtime(device: str, seed: int, **sizes: Any) -> Any:
+    """The bench's bookkeeping-only runtime (tiny KV, `NullRunner`); the runtime process calls it too."""
+    return new_runtime(kv_config(None, tiny=True), torch.device(device), seed=seed, runner=NullRunner(torch.device(device)), **sizes)
+
+
+def _both(args: Any, device: torch.device, **sizes: Any) -> dict[str, Any]:
+    from cacheruntime.runtime.process import ProcessGPURuntime
+
+    local = null_runtime(str(device), args.seed, **sizes)
+    try:
+        process = ProcessGPURuntime(FACTORY, device=str(device), seed=args.seed, **sizes)
+    except BaseException:
+        close_runtime(local)
+        raise
+    return {"process": process, "local": local}
+
+
+def _close(runtimes: dict[str, Any]) -> None:
+    runtimes["process"].close()
+    close_runtime(runtimes["local"])
+
+
+def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
+    ps = args.cpu_page_size
+    total = args.cpu_context + args.cpu_warmup + args.cpu_steps
+    for batch in args.process_batches:
+        with guard(SECTION, f"B={batch}"):
+            max_tokens = -(-total // ps) * ps + ps
+            pages = batch * (max_tokens // ps) + 8
+            runtimes = _both(args, device, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0)
+            try:
+                steps, splits = {}, {}
+                for name, rt in runtimes.items():
+                    requests = [rt.open_request() for _ in range(batch)]
+                    if args.cpu_context:
+                        rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * args.cpu_context) for r in requests))))
+                    splits[name] = dict.fromkeys(CALLS, 0.0)
+                    steps[name] = functools.partial(timed_step, rt, BatchPlan(tuple(BatchItem(r, (1,)) for r in requests)), splits[name])
+                    for _ in range(args.cpu_warmup):
+                        steps[name]()
+                    splits[name].update(dict.fromkeys(CALLS, 0.0))
+                sent = sum(runtimes["process"].messages.values())
+                timed = alternating(steps, args.cpu_steps)
+                messages = (sum(runtimes["process"].messages.values()) - sent) / args.cpu_steps
+                rows.append(
+                    Row(
+                        SECTION,
+                        f"host time per decode step B={batch}, process runtime (prepare+execute+poll)",
+                        "us",
+                        timed["process"]["seconds"] * 1e6,
+                        timed["local"]["seconds"] * 1e6,
+                        "LocalGPURuntime in-process",
+                        detail={
+                            "batch": batch,
+                            "page_size": ps,
+                            "steps": args.cpu_steps,
+                            "context": args.cpu_context,
+                            "messages_per_step": messages,
+                            "per_call_us": {name: {k: v / args.cpu_steps * 1e6 for k, v in split.items()} for name, split in splits.items()},
+                            "block_means_us": {name: [round(m * 1e6, 2) for m in side["block_means"]] for name, side in timed.items()},
+                        },
+                    )
+                )
+                if batch == args.process_batches[0]:
+                    round_trip = {name: _mean_seconds(rt.poll_completions, args.cpu_steps) for name, rt in runtimes.items()}
+                    rows.append(
+                        Row(
+                            SECTION,
+                            "round trip of one call (poll_completions, nothing in flight)",
+                            "us",
+                            round_trip["process"] * 1e6,
+                            round_trip["local"] * 1e6,
+                            "LocalGPURuntime in-process",
+                            detail={"calls": args.cpu_steps},
+                        )
+                    )
+            finally:
+                _close(runtimes)
+
+
+def _mean_seconds(call: Any, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls

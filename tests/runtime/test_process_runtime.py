@@ -103,3 +103,8 @@ def test_the_wire_format_round_trips_every_kind_of_value():
     plan = BatchPlan((BatchItem(request, (1, 2), (), True),))
     message = ("prepare_batch", (plan,), {}, [1, [2]], (), ((1, 2), (3, 4)))
     assert wire.loads(wire.dumps(message)) == message
+
+
+def test_a_runtime_process_that_never_serves_is_a_typed_error_and_is_killed():
+    with pytest.raises(RuntimeStartFailed, match=r"did not serve within 1\.0 s"):
+        ProcessGPURuntime("signal:pause", start_timeout_s=1.0)  # the factory blocks until a signal: the kill

@@ -76,9 +76,12 @@ class ProcessGPURuntime:
     process with `options`; both must be importable and picklable without torch here.
     """
 
-    def __init__(self, factory: str = "cacheruntime.runtime.factories:local", **options: Any):
+    def __init__(self, factory: str = "cacheruntime.runtime.factories:local", *, start_timeout_s: float = 600.0, **options: Any):
         self.factory = factory
         self.options = options
+        #: How long a new runtime process may take to serve its first call (the runtime's
+        #: construction: a device's context, a model's weights) before it counts as hung.
+        self.start_timeout_s = start_timeout_s
         #: Request messages sent, per operation: one per boundary call (B1), never per token.
         self.messages: Counter[str] = Counter()
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
@@ -122,7 +125,10 @@ class ProcessGPURuntime:
         self._socket.connect(endpoint)
         self.lost_cause = ""
         try:
-            info = self._call("info")
+            info = self._call("info", timeout_s=self.start_timeout_s)
+        except TimeoutError as error:
+            self._stop()
+            raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not serve within {self.start_timeout_s} s; it was killed") from error
         except RuntimeFault as error:
             why = open(error_file).read().strip() if os.path.exists(error_file) else self.lost_cause
             raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not start: {why}") from error
@@ -144,8 +150,9 @@ class ProcessGPURuntime:
             self._process.kill()
         self._lose(self.lost_cause or "stopped by the client")
 
-    def _call(self, operation: str, *args: Any, **kwargs: Any) -> Any:
-        """One boundary call: one request message, then the reply or the process's death, whichever comes first."""
+    def _call(self, operation: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """One boundary call: one request message, then the reply or the process's death, whichever comes first
+        (`timeout_s`, for a process's first call only: TimeoutError if neither came by then)."""
         if self._socket is None:
             raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
         try:
@@ -158,7 +165,9 @@ class ProcessGPURuntime:
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._process.sentinel, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll())
+            ready = dict(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
+            if not ready:
+                raise TimeoutError(operation)
             if self._socket in ready:
                 return wire.raise_reply(wire.loads(self._socket.recv()))
             if self._process.sentinel in ready or not self._process.is_alive():

@@ -16,7 +16,7 @@ after every step, and the model's transfers complete at the end of each step.
 
 `--transfer-fault-rate P` and `--compute-fault-rate P` make about that share of the
 transfers (backups and restores that move a page) and of the computes fail on
-LocalGPURuntime (FAULT_INJECTION, `FaultInjector`); control retries the turns they hit
+LocalGPURuntime, in this process or a runtime process (FAULT_INJECTION, `FaultInjector`); control retries the turns they hit
 (issue 17, item 7). `--lost-fault-rate P` kills the stream worker of about that share of
 transfer launches: the runtime raises RuntimeFault until control restarts it and rebuilds. The summary reports the faults injected and seen, and the turns
 served, retried and abandoned; the output check covers every token served.
@@ -157,14 +157,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-tokens", type=positive_int, default=256, help="tokens one request row can hold")
     parser.add_argument("--write-policy", choices=[p.value for p in WritePolicy], default=WritePolicy.WRITE_THROUGH.value)
     parser.add_argument("--max-prefill-tokens", type=positive_int, default=256, help="prompt tokens computed per batch")
-    parser.add_argument("--transfer-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of backups and restores made to fail (LocalGPURuntime)")
-    parser.add_argument("--compute-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of computes made to fail (LocalGPURuntime)")
+    parser.add_argument(
+        "--transfer-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of backups and restores made to fail (local or process runtime)"
+    )
+    parser.add_argument("--compute-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of computes made to fail (local or process runtime)")
     parser.add_argument(
         "--lost-fault-rate",
         type=fault_rate,
         default=0.0,
         metavar="P",
-        help="share of transfer launches whose stream worker dies: RuntimeFault, control restarts the runtime (LocalGPURuntime)",
+        help="share of transfer launches whose stream worker dies: RuntimeFault, control restarts the runtime (local or process runtime)",
     )
     parser.add_argument("--json", type=output_file, metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")

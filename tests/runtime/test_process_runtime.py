@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cacheruntime.protocol import BatchItem, BatchPlan, OutOfPages, RequestRuntimeHandle, StaleHandle, Tier, UnknownHandle
+from cacheruntime.protocol import BatchItem, BatchPlan, OutOfPages, RequestRuntimeHandle, RuntimeFault, StaleHandle, Tier, UnknownHandle
 from cacheruntime.runtime.process import ProcessGPURuntime, RuntimeStartFailed, wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,3 +108,15 @@ def test_the_wire_format_round_trips_every_kind_of_value():
 def test_a_runtime_process_that_never_serves_is_a_typed_error_and_is_killed():
     with pytest.raises(RuntimeStartFailed, match=r"did not serve within 1\.0 s"):
         ProcessGPURuntime("signal:pause", start_timeout_s=1.0)  # the factory blocks until a signal: the kill
+
+
+def test_close_ends_the_runtime_process_and_every_later_call_is_a_typed_error():
+    client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    pid = client.pid
+    client.close()
+    client.close()
+    assert client.pid is None
+    with pytest.raises(OSError):
+        os.kill(pid, 0)  # reaped: no such process
+    with pytest.raises(RuntimeFault, match="closed"):
+        client.open_request()

@@ -94,7 +94,11 @@ class ProcessGPURuntime:
         #: The generation each slot's next open would get, as far as control has seen (a new
         #: process continues from them: H2 holds across processes).
         self._generations: dict[int, int] = {}
-        self._info = self._spawn(0)
+        try:
+            self._info = self._spawn(0)
+        except BaseException:
+            self._release()
+            raise
 
     # -- the runtime process ------------------------------------------------------------
 
@@ -181,8 +185,11 @@ class ProcessGPURuntime:
             return self._call(operation, *args, **kwargs)
 
     def close(self) -> None:
-        """Drain and stop the runtime process (it closes its runtime first); the client is unusable afterwards."""
+        """Drain and stop the runtime process (it closes its runtime first); the client is unusable afterwards.
+        Closing twice is closing once."""
         with self._lock:
+            if self.lost_cause == "closed":
+                return
             if self._socket is not None:
                 try:
                     self._call("close")
@@ -190,10 +197,14 @@ class ProcessGPURuntime:
                     pass
             if self._process is not None:
                 self._process.join(timeout=10.0)
-            self._stop()
-            self.lost_cause = "closed"
-            self._context.term()
-            shutil.rmtree(self._directory, ignore_errors=True)
+            self._release()
+
+    def _release(self) -> None:
+        """Stop the runtime process if any, and give back the socket context and the socket directory."""
+        self._stop()
+        self.lost_cause = "closed"
+        self._context.term()
+        shutil.rmtree(self._directory, ignore_errors=True)
 
     # -- the interface ------------------------------------------------------------------
 

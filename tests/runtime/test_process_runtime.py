@@ -120,3 +120,12 @@ def test_close_ends_the_runtime_process_and_every_later_call_is_a_typed_error():
         os.kill(pid, 0)  # reaped: no such process
     with pytest.raises(RuntimeFault, match="closed"):
         client.open_request()
+
+
+def test_a_runtime_s_own_error_subclass_arrives_as_its_protocol_type():
+    class LedgerStale(StaleHandle):
+        pass
+
+    with pytest.raises(StaleHandle, match="epoch 3") as raised:
+        wire.raise_reply(wire.loads(wire.dumps(wire.error_reply(LedgerStale("epoch 3 is over")))))
+    assert type(raised.value) is StaleHandle and raised.value.what == "epoch 3 is over"

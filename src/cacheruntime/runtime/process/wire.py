@@ -103,8 +103,9 @@ def loads(data: bytes) -> tuple[Any, ...]:
 
 def error_reply(error: BaseException) -> tuple[Any, ...]:
     """The reply for an exception the runtime raised: typed errors in full, anything else by type and message."""
-    if isinstance(error, CacheRuntimeError) and _ERRORS.get(type(error).__name__) is type(error):
-        return (ERROR, [type(error).__name__, str(error), {k: flatten(v) for k, v in vars(error).items()}])
+    if isinstance(error, CacheRuntimeError):  # as the nearest protocol type it is (a runtime's own subclass is one)
+        typed = next(cls for cls in type(error).__mro__ if _ERRORS.get(cls.__name__) is cls)
+        return (ERROR, [typed.__name__, str(error), {k: flatten(v) for k, v in vars(error).items()}])
     return (CRASH, type(error).__name__, str(error))
 
 

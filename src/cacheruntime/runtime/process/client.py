@@ -9,7 +9,8 @@ Transport: ZeroMQ (pyzmq) REQ/REP over an `ipc://` socket in a private directory
 is what SGLang runs between its scheduler, tokenizer and detokenizer processes; it gives
 whole messages (no framing code here), a socket that can be polled together with a plain
 file descriptor (the process's exit sentinel, below), and a copy-free send of the bytes.
-Serialization: `wire.py` (flat pickle, chosen by measurement: docs/process-runtime.md).
+Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, chosen by
+measurement: docs/process-runtime.md).
 
 The client starts, supervises and stops the runtime process. It forks it from a fork
 server that has torch and the runtime already imported (`multiprocessing`'s forkserver

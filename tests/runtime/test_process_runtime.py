@@ -9,13 +9,25 @@ as the runtime raised them, a clear error when the process cannot start, `close(
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from cacheruntime.protocol import BatchItem, BatchPlan, OutOfPages, RequestRuntimeHandle, RuntimeFault, StaleHandle, Tier, UnknownHandle
+from cacheruntime.protocol import (
+    Backup,
+    BatchItem,
+    BatchPlan,
+    OutOfPages,
+    RequestRuntimeHandle,
+    RuntimeFault,
+    StaleHandle,
+    Tier,
+    TransferKind,
+    UnknownHandle,
+)
 from cacheruntime.runtime.process import ProcessGPURuntime, RuntimeStartFailed, wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,3 +141,32 @@ def test_a_runtime_s_own_error_subclass_arrives_as_its_protocol_type():
     with pytest.raises(StaleHandle, match="epoch 3") as raised:
         wire.raise_reply(wire.loads(wire.dumps(wire.error_reply(LedgerStale("epoch 3 is over")))))
     assert type(raised.value) is StaleHandle and raised.value.what == "epoch 3 is over"
+
+
+class Interrupted(Exception):
+    """What the alarm raises in the waiting call, as Ctrl-C's KeyboardInterrupt would."""
+
+
+def _interrupt(signum, frame):
+    raise Interrupted()
+
+
+def test_an_interrupted_call_leaves_the_runtime_lost_until_restart():
+    client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance_threads")
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        client.set_transfer_delay(30.0, TransferKind.BACKUP)
+        request = client.open_request()
+        client.execute_batch(client.prepare_batch(BatchPlan((BatchItem(request, (1, 2, 3, 4)),))))
+        client.submit((Backup(client.publish(request, 0, 2)),))
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            client.wait_completions()  # the backup takes 30 s: the alarm interrupts the wait
+        with pytest.raises(RuntimeFault, match="interrupted"):
+            client.poll_completions()
+        assert client.restart().epoch == 1
+        assert client.open_request().epoch == 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        client.close()

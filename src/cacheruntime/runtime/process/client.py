@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -135,7 +136,7 @@ class ProcessGPURuntime:
             self._stop()
             raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not serve within {self.start_timeout_s} s; it was killed") from error
         except RuntimeFault as error:
-            why = open(error_file).read().strip() if os.path.exists(error_file) else self.lost_cause
+            why = Path(error_file).read_text().strip() if os.path.exists(error_file) else self.lost_cause
             raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not start: {why}") from error
         return info  # type: ignore[no-any-return]
 
@@ -170,7 +171,12 @@ class ProcessGPURuntime:
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._process.sentinel, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
+            try:
+                ready = dict(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
+            except BaseException:  # interrupted (Ctrl-C) with the call's outcome unknown: the runtime is lost to control
+                self.lost_cause = f"{operation} was interrupted; whether it ran is unknown"
+                self._stop()
+                raise
             if not ready:
                 raise TimeoutError(operation)
             if self._socket in ready:

@@ -170,3 +170,10 @@ def test_an_interrupted_call_leaves_the_runtime_lost_until_restart():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         client.close()
+
+
+def test_without_the_process_extra_the_job_says_which_extra_in_one_line():
+    code = "import sys; sys.modules['zmq'] = None; from cacheruntime.cli import main; sys.exit(main(['run', '--runtime', 'process']))"
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "cacheruntime run needs the [process] extra: pip install 'cacheruntime[process]'"

@@ -16,6 +16,9 @@ Sections (`--only` picks some):
 - `itl`: decode inter-token latency with background write-back against none (<= 1.03x);
 - `cpu`: host time of a decode step through the boundary against the same bookkeeping
   in-process on the pools (<= 1.0x), for B = 1, 16, 64, 256;
+- `process` (only when named in `--only`): the same decode step and one call's round trip on `ProcessGPURuntime` (the
+  runtime in a runtime process, over ZeroMQ) against `LocalGPURuntime` in-process, for
+  B = 1, 16, 64, 256 (`benchmarks/processcost.py`; no target: the ratio is what the split costs);
 - `model` (only when named in `--only`): the Llama runner's decode step against its HBM
   bound and its prefill against the matmul throughput, both limits measured in the run
   (`benchmarks/model.py`);
@@ -42,8 +45,9 @@ import traceback
 from typing import Any
 
 SECTIONS = ("transfer", "overlap", "itl", "cpu")
-#: sections run only when `--only` names them (the model's run needs a large GPU)
-OPT_IN_SECTIONS = ("model", "e2e")
+#: sections run only when `--only` names them (the model's and e2e's runs need a large GPU; the
+#: process section needs the [process] extra and forks runtime processes)
+OPT_IN_SECTIONS = ("model", "e2e", "process")
 
 
 def _ints(text: str) -> list[int]:
@@ -88,6 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-steps", type=int, help="timed decode steps per batch size (300)")
     g.add_argument("--cpu-warmup", type=int, help="untimed decode steps first (8)")
     g.add_argument("--cpu-context", type=int, help="context tokens per request before the timed steps (1024)")
+    g.add_argument("--process-batches", type=_ints, help="batch sizes for the process section (1,16,64,256)")
+    g.add_argument("--process-interference-batch", type=int, help="batch size of the process section's interference rows (16)")
     g.add_argument("--cpu-page-size", type=int, help="page size for the cpu section (16)")
     g.add_argument("--model-config", help="Llama preset for the model section (llama3-8b)")
     g.add_argument("--model-batches", type=_ints, help="decode batch sizes for the model section (1,16,64,256)")
@@ -136,6 +142,8 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "timeline_steps": (4, 4, 0, 0),
     "cpu_batches": ([1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256]),
     "cpu_steps": (300, 8, 16, 4),
+    "process_batches": ([1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256]),
+    "process_interference_batch": (16, 16, 16, 16),
     "cpu_warmup": (4, 2, 2, 1),
     "cpu_context": (1024, 1024, 256, 32),
     "cpu_page_size": (16, 16, 16, 16),
@@ -229,6 +237,10 @@ def main(args: argparse.Namespace) -> int:
                 from benchmarks import cpucost
 
                 cpucost.run(args, device, rows, guard)
+            elif section == "process":
+                from benchmarks import processcost
+
+                processcost.run(args, device, rows, guard)
             elif section == "model":
                 from benchmarks import model
 

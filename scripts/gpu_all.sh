@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU run of the project in one call on the device machine: the runtime check
 # (scripts/gpu_check.sh: runtime tests on CUDA, race tests, the main job with --device cuda,
-# the conformance suite on CUDA) and the benchmark (scripts/gpu_bench.sh).
+# the conformance suite on CUDA) and the benchmark (scripts/gpu_bench.sh), then ProcessGPURuntime's
+# runs into $OUT/process: the main job with --device cuda (process_job.log) and the bench section
+# `process` (process-bench.json, copied beside results.tar.gz, and process-bench.log).
 #
 # The device tool brings back at most 8 files, so the two scripts write into sub-folders
 # that are packed into results.tar.gz; the files the record quotes are copied beside it.
@@ -14,10 +16,21 @@
 # Options (environment): BENCH=0 skips the benchmark (the check alone fits one short call);
 # CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
 # this tree, in alternating processes (scripts/cpu_ab.py), on CPU and CUDA, into $OUT/cpu_ab_*.json.
+# ProcessGPURuntime (issue 20: the bench section `process`, the main job with --runtime process)
+# needs the [process] extra's pyzmq (and msgspec for benchmarks/diagnostics/wireformat.py), which
+# the device machine cannot install: carry their wheels (for its Python and platform) into a
+# folder and set PROCESS_WHEELS=DIR; they are unpacked (outside $OUT) and put on PYTHONPATH.
+# Without them both process runs are skipped ($OUT/process/process_job.log says so). The device
+# machine's Python is 3.12: the wheels must be cp312 manylinux x86_64 ones.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${OUT:?set OUT}"
 export PYTHON=python3
+if [[ -n "${PROCESS_WHEELS:-}" ]]; then
+  wheels=$(mktemp -d)
+  for wheel in "$PROCESS_WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$wheels"; done
+  export PYTHONPATH="$wheels${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 OUT="$ROOT/check" bash scripts/gpu_check.sh >"$ROOT/gpu_check.log" 2>&1
 check=$?
@@ -25,6 +38,17 @@ bench=0
 if [[ "${BENCH:-1}" != 0 ]]; then
   OUT="$ROOT/bench" bash scripts/gpu_bench.sh >"$ROOT/gpu_bench.log" 2>&1
   bench=$?
+fi
+process=0
+mkdir -p "$ROOT/process"
+if "$PYTHON" -c "import zmq" 2>/dev/null; then
+  # The main job with the runtime (torch, CUDA) in a runtime process; control imports no torch.
+  PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "import sys; from cacheruntime.cli import main; rc = main(['run', '--runtime', 'process', '--device', 'cuda', '--quiet']); print('control imported torch:', 'torch' in sys.modules); sys.exit(rc or ('torch' in sys.modules))" >"$ROOT/process/process_job.log" 2>&1
+  process=$?
+  PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cacheruntime.cli bench --device cuda --only process --json "$ROOT/process/process-bench.json" >"$ROOT/process/process-bench.log" 2>&1 || process=1
+else
+  echo "pyzmq not importable: set PROCESS_WHEELS (see the top of this script)" >"$ROOT/process/process_job.log"
+  process=1
 fi
 model=0
 if [[ "${MODEL:-1}" != 0 ]]; then
@@ -43,8 +67,8 @@ if [[ -n "${CPU_AB_BASE:-}" ]]; then
   cat "$ROOT/cpu_ab.log"
 fi
 
-cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/e2e/e2e.json" "$ROOT/" 2>/dev/null
-tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model e2e 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model" "$ROOT/e2e"
-echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model, gpu_e2e exit $e2e"
+cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/e2e/e2e.json" "$ROOT/process/process-bench.json" "$ROOT/" 2>/dev/null
+tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model e2e process 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model" "$ROOT/e2e" "$ROOT/process"
+echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model, gpu_e2e exit $e2e, process job exit $process"
 tail -n 12 "$ROOT/summary.txt" 2>/dev/null
-[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 && $e2e -eq 0 ]]
+[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 && $e2e -eq 0 && $process -eq 0 ]]

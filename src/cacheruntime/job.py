@@ -6,13 +6,17 @@ prefixes are demoted to L2 and restored. Every generated token is checked agains
 runtime's recomputation without cache (`reference_next_token`, D1 on real bytes); the
 summary says how many differ, and the job fails if any does.
 
+`--runtime process` runs the same LocalGPURuntime in a runtime process of its own
+(`ProcessGPURuntime`): control imports no torch, the output check's recomputation runs in
+the runtime process, and the summary adds the request messages per batch beside the calls.
+
 `--runtime model` runs the same control on the reference model (no torch): its tokens
 are tag digests, so the output check is the model's invariants (D1 on copies among them)
 after every step, and the model's transfers complete at the end of each step.
 
 `--transfer-fault-rate P` and `--compute-fault-rate P` make about that share of the
 transfers (backups and restores that move a page) and of the computes fail on
-LocalGPURuntime (FAULT_INJECTION, `FaultInjector`); control retries the turns they hit
+LocalGPURuntime, in this process or a runtime process (FAULT_INJECTION, `FaultInjector`); control retries the turns they hit
 (issue 17, item 7). `--lost-fault-rate P` kills the stream worker of about that share of
 transfer launches: the runtime raises RuntimeFault until control restarts it and rebuilds. The summary reports the faults injected and seen, and the turns
 served, retried and abandoned; the output check covers every token served.
@@ -132,7 +136,12 @@ def _rss_kib() -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of LocalGPURuntime (cpu, cuda, cuda:1, ...)")
-    parser.add_argument("--runtime", choices=("local", "model"), default="local", help="LocalGPURuntime or the reference model")
+    parser.add_argument(
+        "--runtime",
+        choices=("local", "process", "model"),
+        default="local",
+        help="LocalGPURuntime in this process, in a runtime process of its own (ProcessGPURuntime: control imports no torch), or the reference model",
+    )
     parser.add_argument(
         "--runner", choices=("tiny", "llama-small"), default="tiny", help="LocalGPURuntime's model: the tiny decoder or the small Llama-architecture one"
     )
@@ -148,17 +157,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-tokens", type=positive_int, default=256, help="tokens one request row can hold")
     parser.add_argument("--write-policy", choices=[p.value for p in WritePolicy], default=WritePolicy.WRITE_THROUGH.value)
     parser.add_argument("--max-prefill-tokens", type=positive_int, default=256, help="prompt tokens computed per batch")
-    parser.add_argument("--transfer-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of backups and restores made to fail (LocalGPURuntime)")
-    parser.add_argument("--compute-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of computes made to fail (LocalGPURuntime)")
+    parser.add_argument(
+        "--transfer-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of backups and restores made to fail (local or process runtime)"
+    )
+    parser.add_argument("--compute-fault-rate", type=fault_rate, default=0.0, metavar="P", help="share of computes made to fail (local or process runtime)")
     parser.add_argument(
         "--lost-fault-rate",
         type=fault_rate,
         default=0.0,
         metavar="P",
-        help="share of transfer launches whose stream worker dies: RuntimeFault, control restarts the runtime (LocalGPURuntime)",
+        help="share of transfer launches whose stream worker dies: RuntimeFault, control restarts the runtime (local or process runtime)",
     )
     parser.add_argument("--json", type=output_file, metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def local_runtime(device: str, runner: str, seed: int, **sizes: int):
+    """The job's LocalGPURuntime: `runner`'s decoder (a preset fixes its own sizes: runtime/device/llama.py).
+
+    Named by `--runtime process` as the factory its runtime process calls, so the decoder's
+    configuration (torch) is built there, never in control.
+    """
+    from cacheruntime.runtime.device.runner import DecoderConfig
+    from cacheruntime.runtime.factories import local
+
+    if runner == "tiny":
+        config = DecoderConfig()
+    else:
+        from cacheruntime.runtime.device.llama import LLAMA_CONFIGS
+
+        config = LLAMA_CONFIGS[runner]
+    return local(device=device, runner=runner, config=config, seed=seed, **sizes)
 
 
 def _runtime(args: argparse.Namespace):
@@ -173,16 +202,14 @@ def _runtime(args: argparse.Namespace):
         from cacheruntime.model import ReferenceModel
 
         return ReferenceModel(**sizes), None
-    from cacheruntime.runtime.device.runner import DecoderConfig
-    from cacheruntime.runtime.factories import local
+    options = dict(device=args.device, runner=args.runner, seed=args.seed, **sizes)
+    if args.runtime == "process":
+        from cacheruntime.runtime.process import ProcessGPURuntime
 
-    if args.runner == "tiny":
-        config = DecoderConfig()
-    else:  # a preset fixes its own sizes (runtime/device/llama.py)
-        from cacheruntime.runtime.device.llama import LLAMA_CONFIGS
-
-        config = LLAMA_CONFIGS[args.runner]
-    return local(device=args.device, runner=args.runner, config=config, seed=args.seed, **sizes), config.vocab
+        runtime = ProcessGPURuntime("cacheruntime.job:local_runtime", **options)
+    else:
+        runtime = local_runtime(**options)
+    return runtime, runtime.info().vocab_size
 
 
 def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: int, check: str, seconds: float, faults: dict[str, Any] | None = None) -> dict:
@@ -241,8 +268,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"cacheruntime run: error: argument --new-tokens: MIN must be at least 1 and MAX at least MIN, got {low} {high}", file=sys.stderr)
         return 2
     faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0 or args.lost_fault_rate > 0
-    if faulty and args.runtime != "local":
-        print("cacheruntime run: --transfer-fault-rate, --compute-fault-rate and --lost-fault-rate need --runtime local", file=sys.stderr)
+    if faulty and args.runtime == "model":
+        print("cacheruntime run: --transfer-fault-rate, --compute-fault-rate and --lost-fault-rate need --runtime local or process", file=sys.stderr)
         return 2
     runtime, vocab = _runtime(args)
     source = (
@@ -316,6 +343,10 @@ def main(args: argparse.Namespace) -> int:
         "rss_kib_start": rss_start,
         "rss_kib_end": _rss_kib(),
     }
+    messages = getattr(runtime, "messages", None)  # ProcessGPURuntime: request messages sent, per operation (B1)
+    if messages is not None:
+        faults["boundary_messages_per_batch_mean"] = round(sum(n for op, n in messages.items() if op in STEP_CALLS) / max(stats.steps, 1), 3)
+        faults["boundary_messages"] = dict(sorted(messages.items()))
     result = summary(stats, dict(scheduler.runtime.calls), scheduler.info.page_bytes, mismatches, check, time.perf_counter() - started, faults)
     width = max(len(k) for k in result)
     for key, value in result.items():

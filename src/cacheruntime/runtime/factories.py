@@ -1,35 +1,51 @@
-"""Configured `LocalGPURuntime`s by import path: `cacheruntime.runtime.factories:NAME`.
+"""Configured runtimes by import path: `cacheruntime.runtime.factories:NAME`.
 
 The conformance suite calls `conformance()` once per test case (a fresh runtime each
-time); the main job and the tests call `local(...)`.
+time); the main job and the tests call `local(...)`. `process` and `process_conformance`
+are the same runtimes in a runtime process of their own (`ProcessGPURuntime`): this
+module imports torch only inside the factories that build a `LocalGPURuntime` here, so
+that control can name a process factory without importing torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cacheruntime.runtime.device.runner import DecoderConfig
-from cacheruntime.runtime.local import LocalGPURuntime
+if TYPE_CHECKING:
+    from cacheruntime.runtime.local import LocalGPURuntime
+    from cacheruntime.runtime.process import ProcessGPURuntime
 
 
 def local(device: str = "cpu", **options: Any) -> LocalGPURuntime:
     """A `LocalGPURuntime` on `device` with the constructor's defaults, overridden by `options`."""
+    from cacheruntime.runtime.local import LocalGPURuntime
+
     return LocalGPURuntime(device=device, **options)
 
 
-#: The conformance configuration, for building broken subclasses (mutants) of the same shape.
-CONFORMANCE_OPTIONS: dict[str, Any] = {
-    "runtime_id": "local",
-    "page_size": 2,
-    "max_requests": 4,
-    "max_request_tokens": 32,
-    "l1_pages": 12,
-    "l2_pages": 24,
-    "runner": "tagging",
-    # The tagging runner reads no token ids, so its vocabulary is only what info() reports:
-    # 100 holds every token id the conformance suite's plans carry (0 .. 99).
-    "config": DecoderConfig(vocab=100),
-}
+def conformance_options() -> dict[str, Any]:
+    """The conformance configuration, for building broken subclasses (mutants) of the same shape."""
+    from cacheruntime.runtime.device.runner import DecoderConfig
+
+    return {
+        "runtime_id": "local",
+        "page_size": 2,
+        "max_requests": 4,
+        "max_request_tokens": 32,
+        "l1_pages": 12,
+        "l2_pages": 24,
+        "runner": "tagging",
+        # The tagging runner reads no token ids, so its vocabulary is only what info() reports:
+        # 100 holds every token id the conformance suite's plans carry (0 .. 99).
+        "config": DecoderConfig(vocab=100),
+    }
+
+
+def __getattr__(name: str) -> Any:
+    """`CONFORMANCE_OPTIONS`, built (with torch) when first named."""
+    if name == "CONFORMANCE_OPTIONS":
+        return conformance_options()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def suite_streams(device: str) -> dict[str, Any]:
@@ -48,12 +64,16 @@ def conformance(device: str = "cpu") -> LocalGPURuntime:
     TAGGED_COMPUTE lets the suite compare next tokens with the model's digests, so a stale
     KV read anywhere shows as a mismatch, not just as a wrong abstract state.
     """
-    return LocalGPURuntime(device=device, **CONFORMANCE_OPTIONS, **suite_streams(device))
+    from cacheruntime.runtime.local import LocalGPURuntime
+
+    return LocalGPURuntime(device=device, **conformance_options(), **suite_streams(device))
 
 
 def conformance_threads() -> LocalGPURuntime:
     """The conformance configuration on CPU worker threads: interleavings the machine picks."""
-    return LocalGPURuntime(**CONFORMANCE_OPTIONS)
+    from cacheruntime.runtime.local import LocalGPURuntime
+
+    return LocalGPURuntime(**conformance_options())
 
 
 def traced(device: str = "cpu", **options: Any) -> LocalGPURuntime:
@@ -63,5 +83,23 @@ def traced(device: str = "cpu", **options: Any) -> LocalGPURuntime:
     `options` with any others, which win), the tagging runner, and on CPU simulated
     streams whose schedule the check seeds per trace (`streams="threads"` for the machine's).
     """
+    from cacheruntime.runtime.device.runner import DecoderConfig
+    from cacheruntime.runtime.local import LocalGPURuntime
+
     defaults: dict[str, Any] = {"runtime_id": "local", "runner": "tagging", "config": DecoderConfig(vocab=100), **suite_streams(device)}
     return LocalGPURuntime(device=device, **{**defaults, **options})
+
+
+def process(device: str = "cpu", **options: Any) -> ProcessGPURuntime:
+    """`local(device, **options)` in a runtime process of its own, driven over ZeroMQ (no torch here)."""
+    from cacheruntime.runtime.process import ProcessGPURuntime
+
+    return ProcessGPURuntime("cacheruntime.runtime.factories:local", device=device, **options)
+
+
+def process_conformance(device: str = "cpu") -> ProcessGPURuntime:
+    """The conformance configuration (`conformance`) in a runtime process of its own: the suite's
+    checks hold across the boundary, probe() and the test knobs travel over the link."""
+    from cacheruntime.runtime.process import ProcessGPURuntime
+
+    return ProcessGPURuntime("cacheruntime.runtime.factories:conformance", device=device)

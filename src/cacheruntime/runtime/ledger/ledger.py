@@ -182,6 +182,15 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
         self.state.faults = st.faults  # injections are the harness's, not the epoch's
         self.held = []
 
+    def continue_lost(self, epoch: int, generations: list[int]) -> None:
+        """Start at `epoch` with slot generations `generations`: the ledger of a new runtime process that
+        replaces a lost one (`ProcessGPURuntime`), where control last saw the old one after its
+        RuntimeLost and restart, so that no handle of an earlier epoch is valid again (H1, H2)."""
+        if len(generations) != len(self.state.slots) or min(generations, default=0) < 0 or epoch < 0:
+            raise ValueError(f"continue_lost needs an epoch >= 0 and {len(self.state.slots)} generations >= 0")
+        st = self.state
+        self.state = self.fresh_state(epoch, list(generations), {tier: pool.tags for tier, pool in st.pools.items()}, st.next_version)
+
     def abstract_state(self, tags: dict[Tier, list[int]]) -> AbstractState:
         """The state `probe()` shows, with `tags` as what each physical page holds."""
         st, ps = self.state, self.page_size

@@ -1,0 +1,290 @@
+"""`ProcessGPURuntime`: the contract of `spec/protocol.md` with the whole physical domain in another process.
+
+Control holds this client; the runtime process (`server.py`) holds a `LocalGPURuntime`
+with everything physical: slots, ReqToToken, the allocator, both pools, streams, events
+and the runner. The client imports no torch: what crosses is the protocol's frozen values,
+one request message per boundary call and one reply (B1), counted in `messages`.
+
+Transport: ZeroMQ (pyzmq) REQ/REP over an `ipc://` socket in a private directory. ZeroMQ
+is what SGLang runs between its scheduler, tokenizer and detokenizer processes; it gives
+whole messages (no framing code here), a socket that can be polled together with a plain
+file descriptor (the process's exit sentinel, below), and a copy-free send of the bytes.
+Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, chosen by
+measurement: docs/process-runtime.md).
+
+The client starts, supervises and stops the runtime process. It forks it from a fork
+server that has torch and the runtime already imported (`multiprocessing`'s forkserver
+with a preload), so a start or a restart after a crash costs a fork and the runtime's
+construction, not an interpreter and torch's import; the fork server never touches a
+device, so the new process may initialise CUDA. A process that cannot start (the factory
+raises, the interpreter dies) is `RuntimeStartFailed` with the process's traceback.
+
+Death of the runtime process is found directly, never by a timeout: every call waits on
+the socket *and* the process's exit sentinel, so a SIGKILL mid-call ends the wait at once.
+That is the spec's RuntimeLost (spec/protocol.md §4.15): the outstanding call and every
+later one but `info` (answered from what control last saw) and `restart` raise
+`RuntimeFault`. `restart()` then forks a new runtime process whose epoch the client
+chooses, one past the last epoch it saw, and whose slot generations continue the ones it
+saw (H2), so no handle of the dead process can be valid again (H1). A live runtime
+restarts in place (it drains, §4.14); one whose device broke (a restart raises
+`RuntimeFault`) is replaced by a new process, the only recovery for a broken CUDA context.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from cacheruntime.protocol import (
+    AbstractState,
+    BatchCompletion,
+    BatchPlan,
+    CacheExtentRef,
+    InvalidArgument,
+    PreparedBatchHandle,
+    RequestRuntimeHandle,
+    RuntimeFault,
+    RuntimeInfo,
+    TierIntent,
+    TransferCompletion,
+    TransferKind,
+    TransferTicket,
+)
+from cacheruntime.runtime.process import wire
+
+#: Imported by the fork server once, so every runtime process starts with them loaded.
+PRELOAD = ["cacheruntime.runtime.process.server"]
+
+
+class RuntimeStartFailed(RuntimeFault):
+    """The runtime process could not start: its factory raised or the process died before serving."""
+
+    fix = "read the runtime process's error above; check the factory and its options (they run in the runtime process)"
+
+
+class ProcessGPURuntime:
+    """A GPU cache runtime in a child process, driven over ZeroMQ; `factory` builds it there.
+
+    `factory` is "module:function" returning a `LocalGPURuntime`, called in the runtime
+    process with `options`; both must be importable and picklable without torch here.
+    """
+
+    def __init__(self, factory: str = "cacheruntime.runtime.factories:local", *, start_timeout_s: float = 600.0, **options: Any):
+        self.factory = factory
+        self.options = options
+        #: How long a new runtime process may take to serve its first call (the runtime's
+        #: construction: a device's context, a model's weights) before it counts as hung.
+        self.start_timeout_s = start_timeout_s
+        #: Request messages sent, per operation: one per boundary call (B1), never per token.
+        self.messages: Counter[str] = Counter()
+        self.lost_cause = ""  # why the runtime process is gone; "" while it serves
+        self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
+        self._directory = tempfile.mkdtemp(prefix="cacheruntime-process-")
+        self._context = zmq.Context()
+        self._socket: zmq.Socket[bytes] | None = None
+        self._process: Any = None
+        self._spawned = 0
+        #: The generation each slot's next open would get, as far as control has seen (a new
+        #: process continues from them: H2 holds across processes).
+        self._generations: dict[int, int] = {}
+        try:
+            self._info = self._spawn(0)
+        except BaseException:
+            self._release()
+            raise
+
+    # -- the runtime process ------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The runtime process's id (None once stopped): what a supervisor, or a crash test, signals."""
+        return None if self._process is None else self._process.pid
+
+    def _spawn(self, epoch: int) -> RuntimeInfo:
+        """Fork a runtime process at `epoch` (continuing the generations seen), wait until it serves."""
+        self._spawned += 1
+        endpoint = f"ipc://{self._directory}/runtime-{self._spawned}"
+        error_file = os.path.join(self._directory, f"start-error-{self._spawned}.txt")
+        generations = tuple(self._generations.get(slot, 0) for slot in range(max(self._generations, default=-1) + 1))
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        from cacheruntime.runtime.process import child
+
+        process = context.Process(
+            target=child.main, args=(endpoint, self.factory, self.options, epoch, generations, error_file), name="cacheruntime-runtime", daemon=True
+        )
+        try:
+            process.start()
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
+            raise RuntimeStartFailed(f"the runtime process did not start: {error}") from error
+        self._process = process
+        self._socket = self._context.socket(zmq.REQ)
+        self._socket.connect(endpoint)
+        self.lost_cause = ""
+        try:
+            info = self._call("info", timeout_s=self.start_timeout_s)
+        except TimeoutError as error:
+            self._stop()
+            raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not serve within {self.start_timeout_s} s; it was killed") from error
+        except RuntimeFault as error:
+            why = Path(error_file).read_text().strip() if os.path.exists(error_file) else self.lost_cause
+            raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not start: {why}") from error
+        return info  # type: ignore[no-any-return]
+
+    def _lose(self, cause: str) -> None:
+        """RuntimeLost: the runtime process is gone; drop the socket, reap the process."""
+        self.lost_cause = cause
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+        if self._process is not None:
+            self._process.join(timeout=1.0)
+            self._process = None
+
+    def _stop(self) -> None:
+        """End the runtime process without a word (it is broken or must be replaced)."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        self._lose(self.lost_cause or "stopped by the client")
+
+    def _call(self, operation: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """One boundary call: one request message, then the reply or the process's death, whichever comes first
+        (`timeout_s`, for a process's first call only: TimeoutError if neither came by then)."""
+        if self._socket is None:
+            raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
+        try:
+            data = wire.dumps((operation, args, kwargs))
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
+        self._socket.send(data)
+        self.messages[operation] += 1
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._process.sentinel, zmq.POLLIN)
+        while True:
+            try:
+                ready = dict(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
+            except BaseException:  # interrupted (Ctrl-C) with the call's outcome unknown: the runtime is lost to control
+                self.lost_cause = f"{operation} was interrupted; whether it ran is unknown"
+                self._stop()
+                raise
+            if not ready:
+                raise TimeoutError(operation)
+            if self._socket in ready:
+                return wire.raise_reply(wire.loads(self._socket.recv()))
+            if self._process.sentinel in ready or not self._process.is_alive():
+                self._process.join(timeout=1.0)
+                pid, code = self._process.pid, self._process.exitcode
+                self._lose(f"the runtime process {pid} ended with exit code {code}")
+                raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
+
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return self._call(operation, *args, **kwargs)
+
+    def close(self) -> None:
+        """Drain and stop the runtime process (it closes its runtime first); the client is unusable afterwards.
+        Closing twice is closing once."""
+        with self._lock:
+            if self.lost_cause == "closed":
+                return
+            if self._socket is not None:
+                try:
+                    self._call("close")
+                except RuntimeFault:
+                    pass
+            if self._process is not None:
+                self._process.join(timeout=10.0)
+            self._release()
+
+    def _release(self) -> None:
+        """Stop the runtime process if any, and give back the socket context and the socket directory."""
+        self._stop()
+        self.lost_cause = "closed"
+        self._context.term()
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+    # -- the interface ------------------------------------------------------------------
+
+    def info(self) -> RuntimeInfo:
+        """Identity, epoch, sizes and claims: as the runtime process last said (it answers while lost too)."""
+        return self._info
+
+    def open_request(self) -> RequestRuntimeHandle:
+        request: RequestRuntimeHandle = self._forward("open_request")
+        self._generations[request.slot_id] = request.generation + 1  # closing or a restart moves past it
+        return request
+
+    def close_request(self, request: RequestRuntimeHandle) -> None:
+        self._forward("close_request", request)
+
+    def prepare_batch(self, plan: BatchPlan) -> PreparedBatchHandle:
+        return self._forward("prepare_batch", plan)  # type: ignore[no-any-return]
+
+    def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
+        return self._forward("execute_batch", batch)  # type: ignore[no-any-return]
+
+    def cancel_batch(self, batch: PreparedBatchHandle) -> None:
+        self._forward("cancel_batch", batch)
+
+    def publish(self, request: RequestRuntimeHandle, first_page: int, page_count: int) -> CacheExtentRef:
+        return self._forward("publish", request, first_page, page_count)  # type: ignore[no-any-return]
+
+    def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
+        return self._forward("split", extent, at_page)  # type: ignore[no-any-return]
+
+    def retain(self, extent: CacheExtentRef) -> None:
+        self._forward("retain", extent)
+
+    def release(self, extent: CacheExtentRef) -> None:
+        self._forward("release", extent)
+
+    def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
+        return self._forward("submit", intents)  # type: ignore[no-any-return]
+
+    def poll_completions(self) -> tuple[TransferCompletion, ...]:
+        return self._forward("poll_completions")  # type: ignore[no-any-return]
+
+    def wait_completions(self) -> tuple[TransferCompletion, ...]:
+        return self._forward("wait_completions")  # type: ignore[no-any-return]
+
+    def restart(self) -> RuntimeInfo:
+        """A live runtime restarts in place; a lost one (or one whose restart fails) is replaced by a new
+        process at one past the last epoch control saw. Every old handle is stale either way."""
+        with self._lock:
+            if self._socket is not None:
+                try:
+                    self._info = self._call("restart")
+                    return self._info
+                except RuntimeFault as error:
+                    self.lost_cause = str(error)
+            self._stop()
+            self._info = self._spawn(self._info.epoch + 1)
+            return self._info
+
+    # -- the runtime's test-only surfaces, over the link ---------------------------------
+
+    def probe(self) -> AbstractState:
+        return self._forward("probe")  # type: ignore[no-any-return]
+
+    def set_transfer_delay(self, seconds: float, kind: TransferKind | None = None) -> None:
+        self._forward("set_transfer_delay", seconds, kind)
+
+    def set_schedule_seed(self, seed: int) -> None:
+        self._forward("set_schedule_seed", seed)
+
+    def inject_fault(self, kind: Any, nth: int, *, site: str | None = None) -> None:
+        self._forward("inject_fault", kind, nth, site=site)
+
+    def reference_next_token(self, token_ids: list[int]) -> int:
+        """The runner's next token recomputed without cache (the main job's output check; not a boundary call)."""
+        return self._forward("reference_next_token", list(token_ids))  # type: ignore[no-any-return]

@@ -1,0 +1,84 @@
+"""The runtime process of `ProcessGPURuntime`: a `LocalGPURuntime` that serves one client over ZeroMQ.
+
+The whole physical domain lives here (slots, ReqToToken, allocator, pools, streams, the
+runner): the client only ever sends one request message per boundary call and gets one
+reply. Typed errors travel back as they were raised (`wire.error_reply`); anything else
+(a bug, a test knob's `ValueError`) by its type and message, and the process keeps serving.
+`close` drains the runtime and ends the process.
+
+Imported in the runtime process only (and preloaded by the fork server, `client.py`), never
+by control: it imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import zmq
+
+from cacheruntime.runtime.local import LocalGPURuntime
+from cacheruntime.runtime.process import wire
+
+#: What control may ask of the runtime process: the interface, and the test-only surfaces the
+#: runtime claims (INTROSPECTION, DELAY_KNOB, SCHEDULE_SEED, FAULT_INJECTION) with the main job's
+#: output check. Nothing else on the runtime object is reachable over the link.
+OPERATIONS = frozenset(
+    {
+        "info",
+        "open_request",
+        "close_request",
+        "prepare_batch",
+        "execute_batch",
+        "cancel_batch",
+        "publish",
+        "split",
+        "retain",
+        "release",
+        "submit",
+        "poll_completions",
+        "wait_completions",
+        "restart",
+        "probe",
+        "set_transfer_delay",
+        "set_schedule_seed",
+        "inject_fault",
+        "reference_next_token",
+    }
+)
+
+
+def build(factory: str, options: dict[str, Any]) -> LocalGPURuntime:
+    """The runtime `factory` ("module:function") makes with `options`."""
+    module, _, name = factory.partition(":")
+    runtime = getattr(importlib.import_module(module), name)(**options)
+    if not isinstance(runtime, LocalGPURuntime):
+        raise TypeError(f"{factory} made a {type(runtime).__name__}, not a LocalGPURuntime")
+    return runtime
+
+
+def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...]) -> None:
+    """Build the runtime (continuing at `epoch` and `generations` when `epoch` > 0), then answer requests until `close`."""
+    runtime = build(factory, options)
+    if epoch or any(generations):
+        runtime.ledger.continue_lost(epoch, list(generations) + [0] * (runtime.max_requests - len(generations)))
+    context = zmq.Context()
+    socket = context.socket(zmq.REP)
+    socket.bind(endpoint)
+    try:
+        while True:
+            operation, args, kwargs = wire.loads(socket.recv())
+            if operation == "close":
+                runtime.close()
+                socket.send(wire.dumps((wire.OK, None)))
+                return
+            try:
+                if operation not in OPERATIONS:
+                    raise AttributeError(f"the runtime process serves no operation {operation!r}")
+                reply: tuple[Any, ...] = (wire.OK, getattr(runtime, operation)(*args, **kwargs))
+            except Exception as error:
+                reply = wire.error_reply(error)
+            socket.send(wire.dumps(reply))
+    finally:
+        socket.close(linger=0)
+        context.term()

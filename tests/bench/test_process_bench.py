@@ -1,0 +1,31 @@
+"""The bench section `process` runs on CPU and says what it claims: one decode step's host time per
+topology, a call's round trip, 3 messages per step (B1), and the interference rows with the
+control thread really matching (CPU cannot show GPU-host figures, so no value is judged)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_process_section_measures_both_topologies(tmp_path: Path) -> None:
+    out = tmp_path / "process.json"
+    argv = ["bench", "--repo", str(ROOT), "--device", "cpu", "--quick", "--only", "process", "--process-batches", "1,16", "--json", str(out)]
+    done = subprocess.run([sys.executable, "-m", "cacheruntime.cli", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["failures"] == []
+    rows = {r["measurement"]: r for r in doc["rows"]}
+    steps = [r for name, r in rows.items() if name.startswith("host time per decode step")]
+    assert [r["detail"]["batch"] for r in steps] == [1, 16]
+    assert all(r["detail"]["messages_per_step"] == 3 for r in steps)
+    assert "round trip of one call (poll_completions, nothing in flight)" in rows
+    busy = [r for name, r in rows.items() if "control thread matches prefixes" in name]
+    assert len(busy) == 2 and all(r["detail"]["prefixes_matched_per_s"] > 0 for r in busy)
+    for r in doc["rows"]:
+        assert r["section"] == "process" and all(math.isfinite(r[k]) and r[k] > 0 for k in ("value", "baseline", "ratio"))

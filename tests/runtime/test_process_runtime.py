@@ -1,0 +1,179 @@
+"""ProcessGPURuntime: the interface across a process boundary, with control free of torch.
+
+Control's side is checked in fresh interpreters (a test's own process has torch loaded by
+others): the client, the conformance factory and the main job run there and `sys.modules`
+must hold no torch at the end. The rest runs here: one message per call (B1), typed errors
+as the runtime raised them, a clear error when the process cannot start, `close()`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cacheruntime.protocol import (
+    Backup,
+    BatchItem,
+    BatchPlan,
+    OutOfPages,
+    RequestRuntimeHandle,
+    RuntimeFault,
+    StaleHandle,
+    Tier,
+    TransferKind,
+    UnknownHandle,
+)
+from cacheruntime.runtime.process import ProcessGPURuntime, RuntimeStartFailed, wire
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+
+CLIENT_WITHOUT_TORCH = """
+import sys
+from cacheruntime.protocol import BatchItem, BatchPlan
+from cacheruntime.runtime.factories import process_conformance
+runtime = process_conformance()
+request = runtime.open_request()
+done = runtime.execute_batch(runtime.prepare_batch(BatchPlan((BatchItem(request, (1, 2, 3)),))))
+assert done.items[0].num_tokens == 3, done
+assert runtime.probe().slots[0].live
+runtime.close()
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+JOB_WITHOUT_TORCH = """
+import sys
+from cacheruntime.cli import main
+code = main(["run", "--runtime", "process", "--requests", "12", "--quiet"])
+print("exit", code, "torch" in sys.modules)
+"""
+
+
+def test_the_client_drives_a_runtime_process_and_imports_no_torch():
+    done = subprocess.run([sys.executable, "-c", CLIENT_WITHOUT_TORCH], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_main_job_runs_on_a_runtime_process_with_no_mismatch_and_no_torch_in_control():
+    done = subprocess.run([sys.executable, "-c", JOB_WITHOUT_TORCH], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _field(done.stdout, "output_mismatches") == "0"
+    assert _field(done.stdout, "boundary_messages_per_batch_mean") == _field(done.stdout, "boundary_calls_per_batch_mean")
+    assert done.stdout.strip().splitlines()[-1] == "exit 0 False"
+
+
+def _field(stdout: str, name: str) -> str:
+    return next(line.split(None, 1)[1].strip() for line in stdout.splitlines() if line.split(None, 1)[:1] == [name])
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    yield client
+    client.close()
+
+
+def test_one_message_per_boundary_call_whatever_the_tokens(runtime):
+    request = runtime.open_request()
+    before = sum(runtime.messages.values())
+    handle = runtime.prepare_batch(BatchPlan((BatchItem(request, tuple(range(20))),)))
+    runtime.execute_batch(handle)
+    runtime.poll_completions()
+    assert sum(runtime.messages.values()) - before == 3
+    runtime.close_request(request)
+
+
+def test_typed_errors_arrive_with_their_type_and_fields(runtime):
+    with pytest.raises(UnknownHandle):
+        runtime.close_request(RequestRuntimeHandle("local", 0, 3, 7))
+    request = runtime.open_request()
+    with pytest.raises(OutOfPages) as raised:
+        runtime.prepare_batch(BatchPlan((BatchItem(request, tuple(range(30))),)))
+    assert (raised.value.tier, raised.value.needed, raised.value.free) == (Tier.L1, 15, 12)
+    with pytest.raises(ValueError, match="negative"):
+        runtime.set_transfer_delay(-1.0)
+    runtime.close_request(request)
+    with pytest.raises(StaleHandle):
+        runtime.close_request(request)
+
+
+def test_a_runtime_process_that_cannot_start_is_a_typed_error_with_its_reason():
+    with pytest.raises(RuntimeStartFailed, match="l1_pages"):
+        ProcessGPURuntime("cacheruntime.runtime.factories:local", l1_pages=0)
+    with pytest.raises(RuntimeStartFailed, match="no_such_factory"):
+        ProcessGPURuntime("cacheruntime.runtime.factories:no_such_factory")
+
+
+def test_the_wire_format_round_trips_every_kind_of_value():
+    request = RequestRuntimeHandle("local", 2, 1, 5)
+    plan = BatchPlan((BatchItem(request, (1, 2), (), True),))
+    message = ("prepare_batch", (plan,), {}, [1, [2]], (), ((1, 2), (3, 4)))
+    assert wire.loads(wire.dumps(message)) == message
+
+
+def test_a_runtime_process_that_never_serves_is_a_typed_error_and_is_killed():
+    with pytest.raises(RuntimeStartFailed, match=r"did not serve within 1\.0 s"):
+        ProcessGPURuntime("signal:pause", start_timeout_s=1.0)  # the factory blocks until a signal: the kill
+
+
+def test_close_ends_the_runtime_process_and_every_later_call_is_a_typed_error():
+    client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    pid = client.pid
+    client.close()
+    client.close()
+    assert client.pid is None
+    with pytest.raises(OSError):
+        os.kill(pid, 0)  # reaped: no such process
+    with pytest.raises(RuntimeFault, match="closed"):
+        client.open_request()
+
+
+def test_a_runtime_s_own_error_subclass_arrives_as_its_protocol_type():
+    class LedgerStale(StaleHandle):
+        pass
+
+    with pytest.raises(StaleHandle, match="epoch 3") as raised:
+        wire.raise_reply(wire.loads(wire.dumps(wire.error_reply(LedgerStale("epoch 3 is over")))))
+    assert type(raised.value) is StaleHandle and raised.value.what == "epoch 3 is over"
+
+
+class Interrupted(Exception):
+    """What the alarm raises in the waiting call, as Ctrl-C's KeyboardInterrupt would."""
+
+
+def _interrupt(signum, frame):
+    raise Interrupted()
+
+
+def test_an_interrupted_call_leaves_the_runtime_lost_until_restart():
+    client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance_threads")
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        client.set_transfer_delay(30.0, TransferKind.BACKUP)
+        request = client.open_request()
+        client.execute_batch(client.prepare_batch(BatchPlan((BatchItem(request, (1, 2, 3, 4)),))))
+        client.submit((Backup(client.publish(request, 0, 2)),))
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            client.wait_completions()  # the backup takes 30 s: the alarm interrupts the wait
+        with pytest.raises(RuntimeFault, match="interrupted"):
+            client.poll_completions()
+        assert client.restart().epoch == 1
+        assert client.open_request().epoch == 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        client.close()
+
+
+def test_without_the_process_extra_the_job_says_which_extra_in_one_line():
+    code = "import sys; sys.modules['zmq'] = None; from cacheruntime.cli import main; sys.exit(main(['run', '--runtime', 'process']))"
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "cacheruntime run needs the [process] extra: pip install 'cacheruntime[process]'"

@@ -13,7 +13,8 @@ A model may also name actions that must be taken (`actions_taken`): TLC then run
 `-coverage` and the model fails unless each named action found at least one distinct
 state (how MCFaults.cfg shows that every failure action of the environment happens).
 
-Models are grouped: `ci` (the default run), `deep` (with `--deep`), `trace` (the
+Models are grouped: `ci` (the default run), `deep` (with `--deep`), `design` (with
+`--design`: the SharedGPURuntime design test, run in CI by tests/tla/test_shared.py), `trace` (the
 model <-> spec trace check, see cacheruntime.tlatrace), `runtime` (the runtime <-> spec
 trace check, `--model runtime-traces`: `cacheruntime check` runs it as its own stage; see
 cacheruntime.runtimetrace). `--runtime-traces N` records N executions of a runtime
@@ -226,7 +227,7 @@ def format_table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def select(manifest: dict, *, deep: bool = False, names: list[str] | None = None) -> list[dict]:
+def select(manifest: dict, *, deep: bool = False, design: bool = False, names: list[str] | None = None) -> list[dict]:
     models = manifest["models"]
     if names:
         known = {m["name"] for m in models}
@@ -234,12 +235,13 @@ def select(manifest: dict, *, deep: bool = False, names: list[str] | None = None
         if missing:
             raise SystemExit(f"unknown model(s) {missing}; the manifest has {sorted(known)}")
         return [m for m in models if m["name"] in names]
-    groups = {"ci", "trace"} | ({"deep"} if deep else set())
+    groups = {"ci", "trace"} | ({"deep"} if deep else set()) | ({"design"} if design else set())
     return [m for m in models if m.get("group", "ci") in groups]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deep", action="store_true", help="also run the deep models (minutes to hours)")
+    parser.add_argument("--design", action="store_true", help="also run the design-test models (SharedGPURuntime, about a minute)")
     parser.add_argument("--model", action="append", metavar="NAME", help="run only this manifest model (repeatable)")
     parser.add_argument("--workers", type=positive_int, default=2, help="TLC worker threads (default 2)")
     specfiles.add_repo_option(parser)
@@ -261,8 +263,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"cacheruntime tlc: error: {wrong} (see cacheruntime tlc --help)", file=sys.stderr)
         return 2
     if args.runtime_traces is not None or args.traces_from is not None:
-        if args.model or args.deep:
-            print("cacheruntime tlc: error: --runtime-traces and --traces-from run alone, without --model or --deep", file=sys.stderr)
+        if args.model or args.deep or args.design:
+            print("cacheruntime tlc: error: --runtime-traces and --traces-from run alone, without --model, --deep or --design", file=sys.stderr)
             return 2
         try:
             if not args.record_only:  # recording alone needs no Java (the GPU machine has none)
@@ -276,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
     except ToolMissing as error:
         print(error, file=sys.stderr)
         return 2
-    models = select(manifest, deep=args.deep, names=args.model)
+    models = select(manifest, deep=args.deep, design=args.design, names=args.model)
     outcomes = []
     for model in models:
         if model.get("kind") == "trace":

@@ -50,3 +50,27 @@ def test_shortfalls_name_the_situation_and_its_count():
     tally, floor = coverage.Tally(), coverage.BY_NAME["restart with a transfer in flight"].floor
     assert f"restart with a transfer in flight: 0 case(s), floor {floor}" in tally.shortfalls("restart")
     assert tally.shortfalls("nothing-like-a-check") == []
+
+
+def test_guided_steps_reach_the_situations_of_the_last_survivors():
+    """The steps built for the mutants that survived issue 17 reach their situations on the landed runtime."""
+    reached = {}
+    for check, step, kwargs in (
+        ("tiers", "end_pages_under_restore", {"i": 0, "drop": True}),
+        ("ordering", "hit_two_evicted", {"i": 0, "n": 1}),
+        ("core", "pipeline", {"i": 0, "n": 3, "how": "close_intent_under_newer"}),
+        ("core", "plain_plan_errors", {"i": 0}),
+    ):
+        machine = machine_for(LOCAL, check=check)
+        with coverage.recording() as reach:
+            state = machine()
+            state.start(0)
+            state.schedule_step(picks=[0], n=5, insert=True)  # no live request: one opens
+            state.schedule_step(picks=[0], n=5, insert=True)  # it computes and publishes two pages
+            getattr(state, step)(**kwargs)
+            state.teardown()
+        reached[step] = set(reach[check].cases)
+    assert "page name ends while a restore reads its host copy" in reached["end_pages_under_restore"]
+    assert "compute over two restores in flight" in reached["hit_two_evicted"]
+    assert "Close intent on a request a later batch holds" in reached["pipeline"]
+    assert "publish of a negative first page" in reached["plain_plan_errors"]

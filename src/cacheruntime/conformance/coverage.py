@@ -115,6 +115,26 @@ SITUATIONS: tuple[Situation, ...] = (
     Situation("append after a cancelled batch", "RequestBusy: append_previous_output when only a cancelled batch produced", _checks("core"), 2),
     Situation("cancel back to a partly written page", "cancel_batch returns a row to a length inside a page", _checks("core"), 2),
     Situation("empty item in a plan of plain items", "InvalidPlan: an item with no input ids and no append beside plain items", _checks("core"), 2),
+    # what the survivors of the CI profile after issue 17 need (their entries were in SURVIVORS)
+    Situation(
+        "page name ends while a restore reads its host copy",
+        "a call ends a page name (its last holder gone) whose host copy an in-flight restore still reads",
+        _checks("tiers"),
+        2,
+    ),
+    Situation(
+        "compute over two restores in flight",
+        "execute_batch of a batch whose rows map pages of two or more in-flight restores",
+        _checks("tiers", "ordering"),
+        2,
+    ),
+    Situation(
+        "Close intent on a request a later batch holds",
+        "RequestBusy at execute_batch: its Close intent's request is in another prepared batch",
+        _checks("core"),
+        2,
+    ),
+    Situation("publish of a negative first page", "InvalidPageRun: a publish range that begins before the row's first page", _checks("core"), 2),
 )
 
 #: Per operation, the error classes the suite claims to drive it into in a check's CI profile
@@ -309,6 +329,17 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
                 ):
                     add("append after a cancelled batch")
                     break
+    if operation == "execute_batch" and args and getattr(args[0], "batch_id", None) in before.batches and before.epoch == args[0].epoch:
+        batch = before.batches[args[0].batch_id]
+        if raised == "RequestBusy":
+            held = {s for other_id, other in before.batches.items() if other_id != args[0].batch_id for s in other.slot_set}
+            if any(isinstance(i, Close) and i.request.slot_id in held for i in batch.plan.intents):
+                add("Close intent on a request a later batch holds")
+        if error is None:
+            mapped = {p for slot_id in batch.slot_set for p in before.slots[slot_id].pages}
+            restoring = [t for t in before.transfers.values() if t.kind is TransferKind.RESTORE and mapped & {name for name, _, _ in t.pages}]
+            if len(restoring) >= 2:
+                add("compute over two restores in flight")
     # close of a request held by an older prepared batch only
     closing = [args[0]] if operation == "close_request" else [i.request for i in intents if isinstance(i, Close)]
     if raised == "RequestBusy" and closing and before.batches:
@@ -329,6 +360,8 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
                 add("publish of a partly written last page")
             if first >= 0 and count >= 1 and slot.num_tokens // ps < end <= slot.reserved_tokens // ps:
                 add("publish of reserved, not computed pages")
+            if first < 0 and count >= 1:
+                add("publish of a negative first page")
     # tier moves
     host_free = len(before.pools[Tier.L2].free) if Tier.L2 in before.pools else 0
     for intent in intents:
@@ -356,6 +389,9 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
         if isinstance(intent, Drop) and intent.extent.generation in before.extents and reading & set(before.extents[intent.extent.generation].pages):
             add("Drop while a Restore from that copy is pending")
             break
+    ended = {name for name in reading if name in before.pages and name not in after.pages}
+    if ended and any(name in ended for t in after.transfers.values() if t.kind is TransferKind.RESTORE for name, _, _ in t.pages):
+        add("page name ends while a restore reads its host copy")
     # transfers the call started
     for transfer_id, transfer in after.transfers.items():
         if transfer_id in before.transfers or transfer.kind is not TransferKind.RESTORE:

@@ -345,6 +345,59 @@ class RuntimeConformance(RuleBasedStateMachine):
         if handle is not None and self._call("execute_batch", handle) is not None:
             self._call("publish", request, 0, 2)
 
+    def _close_rows_over(self, pages: list[int]) -> None:
+        """The live requests whose rows map any of `pages` finish (as before an eviction)."""
+        for slot_id, slot in enumerate(self.model.state.slots):
+            if slot.live and set(pages) & set(slot.pages):
+                self._call("close_request", RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot_id, slot.generation))
+
+    def _idle_request(self, i: int) -> RequestRuntimeHandle | None:
+        """The i-th (modulo) live request no prepared batch holds, or a new one (None when no slot is free)."""
+        held = {slot for batch in self.model.state.batches.values() for slot in batch.slot_set}
+        idle = [n for n, slot in enumerate(self.model.state.slots) if slot.live and n not in held]
+        if not idle:
+            return self._call("open_request")
+        slot = idle[i % len(idle)]
+        return RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot, self.model.state.slots[slot].generation)
+
+    def _make_room(self, pages: int, keep: RequestRuntimeHandle) -> None:
+        """Memory pressure: the tree releases its oldest extents, then live requests other than `keep`
+        finish, until `pages` device pages are free (or nothing more can go)."""
+        free = self.model.state.pools[Tier.L1].free
+        while len(free) < pages and self.model.state.extents:
+            generation = min(self.model.state.extents)
+            ref = self.renaming.runtime_ref(self._model_ref(generation))
+            for _ in range(self.model.state.extents[generation].refcount):
+                self._call("release", ref)
+            free = self.model.state.pools[Tier.L1].free
+            if generation in self.model.state.extents:
+                return
+        for slot_id, slot in enumerate(self.model.state.slots):
+            if len(self.model.state.pools[Tier.L1].free) >= pages:
+                return
+            if slot.live and slot_id != keep.slot_id:
+                self._call("close_request", RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot_id, slot.generation))
+
+    def _evict(self, extent: CacheExtentRef, pages: list[int]) -> None:
+        """The tree evicts `extent` to the host: its rows finish, backup and demote, and the backup lands."""
+        if not self._live(extent) or all(Tier.L1 not in self.model.state.pages[p].copies for p in pages):
+            return
+        self._close_rows_over(pages)
+        self._call("submit", (Backup(extent), Demote(extent)))
+        self._completions("wait_completions")
+
+    def _disjoint_extents(self, i: int) -> tuple[tuple[CacheExtentRef, list[int]], tuple[CacheExtentRef, list[int]]] | None:
+        """The i-th live extent and the next live one that shares no page name with it, if any."""
+        count = len(self.model.state.extents)
+        if count < 2:
+            return None
+        first = self._live_extent(i)
+        for k in range(1, count):
+            other = self._live_extent(i + k)
+            if not set(first[1]) & set(other[1]):
+                return first, other
+        return None
+
     def _inject(self, kind: FaultKind) -> None:
         """The next transfer of `kind` (moving a page), compute or launch fails, on both sides (LOST: the runtime's)."""
         if kind is FaultKind.LOST:
@@ -860,19 +913,36 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @rule(
             i=st.integers(0, 7),
             n=st.integers(1, 2 * ps + 1),
-            how=st.sampled_from(["cancel_then_append", "publish_reserved", "close_older", "cancel_earlier", "execute_then_cancel", "attach_reserved"]),
+            how=st.sampled_from(
+                [
+                    "cancel_then_append",
+                    "publish_reserved",
+                    "close_older",
+                    "cancel_earlier",
+                    "execute_then_cancel",
+                    "attach_reserved",
+                    "close_intent_under_newer",
+                ]
+            ),
         )
         def pipeline(self, i, n, how):
             """Two-phase scheduling on the i-th live request: batch N is prepared, then, before or after it
             runs, what a scheduler may do next: cancel it and decode anyway (RequestBusy: a cancelled
             batch produced nothing), insert pages only reserved (InvalidPageRun), close a request of an
             older batch while a newer one holds another (RequestBusy), cancel N under a prepared N+1
-            (BatchDependency), cancel N after it ran (AlreadyExecuted), or attach a prefix to the row N
-            reserved but has not computed (InvalidPlan)."""
-            request = self._free_slot(i) if how in ("cancel_then_append", "attach_reserved") else self._live_request(i)
+            (BatchDependency), run N twice and cancel it after it ran (AlreadyExecuted), attach a prefix
+            to the row N reserved but has not computed (InvalidPlan), or carry a Close of the request in N
+            while a prepared N+1 holds it (RequestBusy at execute: the row N+1 extends must stay)."""
+            if how == "close_intent_under_newer":
+                request = self._idle_request(i)
+            else:
+                request = self._free_slot(i) if how in ("cancel_then_append", "attach_reserved") else self._live_request(i)
             if request is None:
                 return
-            first = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n))),)))
+            closing = (Close(request),) if how == "close_intent_under_newer" else ()
+            if closing:  # both batches get their pages, whatever the device holds (without tiers nothing else frees it)
+                self._make_room(-(-n // ps) + 2, request)
+            first = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(n))),), closing))
             if first is None:
                 return
             slot = self.model.state.slots[request.slot_id]
@@ -901,8 +971,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             elif how == "cancel_earlier":
                 self._call("prepare_batch", BatchPlan((BatchItem(request, (), append_previous_output=True),)))
                 self._call("cancel_batch", first)
-            else:  # and another runtime's copy of the handle is refused first (ForeignRuntime)
+            elif how == "close_intent_under_newer":  # N fails whole; N+1 cannot run before it (OutOfOrder); without N+1, N closes
+                newer = self._call("prepare_batch", BatchPlan((BatchItem(request, (), append_previous_output=True),)))
+                self._call("execute_batch", first)
+                if newer is not None:
+                    self._call("execute_batch", newer)
+                    self._call("cancel_batch", newer)
+                    self._call("execute_batch", first)
+            else:  # and another runtime's copy of the handle is refused first (ForeignRuntime), and a second run of N
                 self._call("execute_batch", attrs.evolve(first, runtime_id=rid + "-other"))
+                self._call("execute_batch", first)
                 self._call("execute_batch", first)
                 self._call("cancel_batch", first)
 
@@ -1020,7 +1098,15 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         def misuse(self, forgery, i=0):
             """One wrong call; the later forgeries put two faults in one call (which is raised is fixed: §3);
             `plain_plan_errors` sends the plain plans' errors through here too."""
-            if forgery in ("empty_item", "past_row_end", "duplicate_and_unknown_intent", "foreign_after_genuine", "publish_partial_page"):
+            plain = (
+                "empty_item",
+                "past_row_end",
+                "duplicate_and_unknown_intent",
+                "foreign_after_genuine",
+                "publish_partial_page",
+                "publish_negative_first_page",
+            )
+            if forgery in plain:
                 request = self._live_request(i)
                 if request is None:
                     return
@@ -1040,6 +1126,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 elif forgery == "foreign_after_genuine":  # the second item's handle is another runtime's: ForeignRuntime
                     foreign = attrs.evolve(request, runtime_id=rid + "-other", slot_id=(request.slot_id + 1) % info.max_requests)
                     self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)), BatchItem(foreign, (2,)))))
+                elif forgery == "publish_negative_first_page":  # [-1, full): begun before the row's first page, ended at its last full one
+                    self._call("publish", request, -1, slot.num_tokens // ps + 1)
                 else:  # the row's partly written last page (one token computed into it first): InvalidPageRun
                     if slot.num_tokens % ps == 0 and slot.num_tokens == slot.reserved_tokens:
                         handle = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),)))
@@ -1094,8 +1182,9 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         def plain_plan_errors(self, i):
             """The errors of plain plans that a fast path may skip, one after another on the i-th live request:
             an item with nothing to compute beside a plain one (InvalidPlan), a prefill one token past
-            max_request_tokens (RowFull), and a publish of the row's partly written last page (InvalidPageRun)."""
-            for forgery in ("empty_item", "past_row_end", "publish_partial_page"):
+            max_request_tokens (RowFull), a publish of the row's partly written last page and one of a
+            negative first page, counted back from the row's end (InvalidPageRun both)."""
+            for forgery in ("empty_item", "past_row_end", "publish_partial_page", "publish_negative_first_page"):
                 self.misuse(forgery, i)
 
         @rule(batch=batches, forgery=st.sampled_from(["foreign", "unprepared"]), execute=st.booleans())
@@ -1176,6 +1265,61 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                     self._call("execute_batch", handle)
 
         Machine.evict_then_hit = evict_then_hit
+
+        @when(lambda self: self.model.state.extents)
+        @rule(i=st.integers(0, 7), drop=st.booleans())
+        def end_pages_under_restore(self, i, drop):
+            """The tree restores the i-th evicted extent (evicting it first if it has no page off the device),
+            optionally drops its host copy while the restore runs, and releases every ref of it before
+            the restore lands: the page names end while the restore still reads their host pages, whose
+            free must wait for the restore (O3) however the runtime frees them."""
+            if not self.model.state.extents:
+                self._publish_fresh(i)
+            if not self.model.state.extents:
+                return
+            extent, pages = self._evicted_extent(i)
+            if all(Tier.L1 in self.model.state.pages[p].copies for p in pages):
+                self._evict(extent, pages)
+            if not self._live(extent) or self._call("submit", (Restore(extent),)) is None:
+                return
+            if drop:
+                self._call("submit", (Drop(extent),))
+            self._close_rows_over(pages)
+            generation = self.renaming.model_args(extent).generation
+            for _ in range(self.model.state.extents[generation].refcount if generation in self.model.state.extents else 0):
+                self._call("release", extent)
+
+        Machine.end_pages_under_restore = end_pages_under_restore
+
+        @rule(i=st.integers(0, 7), n=st.integers(1, ps))
+        def hit_two_evicted(self, i, n):
+            """Two requests hit two evicted extents in one batch: both restores in the plan, the batch's
+            compute reads the pages of each, so it waits for every restore, not only the first (O1)."""
+            pair = self._disjoint_extents(i)
+            for _ in range(2):  # two extents over pages of their own, made when missing
+                if pair is not None:
+                    break
+                self._publish_fresh(i)
+                pair = self._disjoint_extents(i)
+            if pair is None:
+                return
+            (a, a_pages), (b, b_pages) = pair
+            self._evict(a, a_pages)
+            self._evict(b, b_pages)
+            if not (self._live(a) and self._live(b)):
+                return
+            first = self._free_slot(i)
+            second = self._free_slot(i + 1)
+            if first is None or second is None or first == second:
+                return
+            on_device = self.model.state.pages
+            restores = tuple(Restore(ref) for ref, pages in ((a, a_pages), (b, b_pages)) if any(Tier.L1 not in on_device[p].copies for p in pages))
+            items = (BatchItem(first, tuple(range(n)), (a,)), BatchItem(second, tuple(range(n)), (b,)))
+            handle = self._call("prepare_batch", BatchPlan(items, restores))
+            if handle is not None:
+                self._call("execute_batch", handle)
+
+        Machine.hit_two_evicted = hit_two_evicted
 
         if the_check.delay:
 

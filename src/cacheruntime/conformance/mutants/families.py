@@ -1013,21 +1013,11 @@ MUTANTS: dict[str, type[_Mutant]] = {
 #: Mutants the CI profile does not kill: name -> why, as far as the spec tells (the suite's
 #: rules were not read). They stay in MUTANTS; the mutant test asserts that they survive, so
 #: the entry goes when the suite learns to kill one. The 20 listed until issue 14's item 4
-#: all die now: each needed a situation the suite never reached (coverage.SITUATIONS).
-SURVIVORS: dict[str, str] = {
-    "kv_ready_first_restore_only": (
-        "killed by ordering before issue 17; survives all four checks of the CI profile since (measured 2026-12-02): on "
-        "756c155's draws (381 s) and on the draws after the guided rule's removal (373 s), so not because of the draws. Its "
-        "situation (a batch that reads pages of two restores, the second still in flight when compute starts) is still "
-        "reachable; why the suite no longer catches it is not yet looked at"
-    ),
-    "drop_frees_host_under_restore": (
-        "survives all four checks of the CI profile (measured 2026-12-02, 113 s under load): since issue 17 a Drop during a "
-        "restore keeps the host copy (DROPPING), so the changed `drop_copy` is reached only when a page name ends (its last "
-        "holder released or closed) while a restore still reads its host copy, with the device copy still filling; no rule "
-        "of the suite drives that (tests/runtime/test_situation_mutants.py's scenario for restore_readers_unprotected does)"
-    ),
-}
+#: all die now: each needed a situation the suite never reached (coverage.SITUATIONS). So do
+#: the two that survived issue 17: `drop_frees_host_under_restore` (tiers, O3: the guided rule
+#: `end_pages_under_restore` ends page names while a restore reads their host copies) and
+#: `kv_ready_first_restore_only` (ordering, D1: `hit_two_evicted` computes over two restores).
+SURVIVORS: dict[str, str] = {}
 
 #: Mutants that behave like the landed runtime in the conformance configuration, so no
 #: conformance run of that configuration can tell them apart: name -> why. They are not
@@ -1042,6 +1032,8 @@ EQUIVALENT: dict[str, str] = {
 #: The check that killed each other mutant in the measured kill table (CI profile). The
 #: mutant test tries it first, then the others: the same verdict, in less CI time.
 KILLED_BY: dict[str, str] = {
+    "kv_ready_first_restore_only": "ordering",
+    "drop_frees_host_under_restore": "tiers",
     "open_slot_loop_short": "core",
     "reopen_keeps_outputs": "restart",
     "close_checks_busy_first": "core",

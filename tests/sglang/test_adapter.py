@@ -90,3 +90,51 @@ def test_a_second_release_reaches_the_tree_and_the_allocator():
     with pytest.raises(AssertionError, match="parent does not have child key"):
         rt.release(x)  # RadixCache._delete_leaf asserts, after free_segment freed the pages again
     assert rt.sg.allocator.available_size() == 24  # 4 pages of 4 tokens, 6 on the free list
+
+
+def test_a_handle_is_never_issued_twice_and_a_closed_one_never_names_a_live_request():
+    """SGLang's rows rotate last-in first-out with a generation per row (report F6); the handles still never repeat.
+
+    The report's F6 case, short: two rows alternate under slot name 0, so the row's own
+    generation would repeat a handle; the adapter names each row use (SGLang's pair (row,
+    req_generation)) with the slot name's next generation, and a closed handle reaches its own
+    finished Req, which ReqToTokenPool.free refuses.
+    """
+    rt = make_runtime(max_requests=3)
+    issued = []
+    for _ in range(4):
+        a = rt.open_request()
+        b = rt.open_request()
+        rt.close_request(a)
+        c = rt.open_request()  # slot 0 again, on the row b did not take
+        rt.close_request(b)
+        rt.close_request(c)
+        issued += [a, b, c]
+    assert len(set(issued)) == len(issued)
+    assert [h.generation for h in issued if h.slot_id == 0] == list(range(8))
+    live = rt.open_request()
+    for old in issued:
+        with pytest.raises(AssertionError, match="request must have req_pool_idx"):
+            rt.close_request(old)
+    rt.close_request(live)
+
+
+@pytest.mark.parametrize("tree", ["unified-rust", "unified-python"])
+def test_a_stale_unlock_on_the_unified_trees_carries_no_receipt(tree):
+    """A split's original holds no lock (its receipt passed to the rest): its release passes the empty receipt, which SGLang refuses."""
+    rt = make_runtime(tree=tree, l2_pages=0)
+    a = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),))))
+    x = rt.publish(a, 0, 2)
+    head, rest = rt.split(x, 1)
+    with pytest.raises((AssertionError, RuntimeError), match="lock receipt anchored on node None"):
+        rt.release(x)
+
+
+def test_publish_cuts_a_partly_computed_page_as_the_insert_path_does():
+    """publish keys the computed tokens page-aligned (RadixKey.page_aligned, as _insert_cache): 10 tokens of page size 4 publish 2 pages."""
+    rt = make_runtime(page_size=4)
+    a = rt.open_request()
+    rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(10))),))))
+    x = rt.publish(a, 0, 3)
+    assert sum(run.page_count for run in x.page_runs) == 2

@@ -65,7 +65,7 @@ def test_probe_reads_the_allocators_free_list_and_the_rows():
     rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(a, tuple(range(8))),))))
     l1 = next(p for p in rt.probe().pools if p.tier is Tier.L1)
     assert len(l1.free) * rt.page_size == rt.sg.allocator.available_size()
-    row = rt.requests[a].row
+    row = rt._request(a).row
     assert sorted(phys for phys, _ in l1.mapped) == sorted(
         p - 1 for p in rt.sg.req_to_token_pool.req_to_token[row, :8:4].div(4, rounding_mode="floor").tolist()
     )

@@ -170,7 +170,7 @@ def test_sglang_use_after_free_check_fails_the_next_call_with_its_id(tree):
     # An injected defect: a page request a's row still names goes back on the free list,
     # and another is taken off it, so the pool's totals stay right (the conservation check passes).
     ps = rt.page_size
-    row_page = rt.sg.req_to_token_pool.req_to_token[rt.requests[a].row, :ps].clone()
+    row_page = rt.sg.req_to_token_pool.req_to_token[rt._request(a).row, :ps].clone()
     assert rt.sg.allocator.alloc(ps) is not None
     rt.sg.allocator.free(row_page)
     with pytest.raises(SGLangCheckFailed) as raised:

@@ -13,16 +13,19 @@ The mapping, in short:
 - request: a scheduler `Req` as the cache classes see it (a shell holding SGLang's own
   `ReqKvInfo`), given a row by `ReqToTokenPool.alloc([req])` and released by
   `ReqToTokenPool.free(req)`, which refuses a request that holds no row (a stale or
-  double close) with SGLang's AssertionError, before anything changes. Its handle's
-  generation is `req_generation[row] - 1` (SGLang bumps when it hands a row out, the
-  contract when it closes). The slot id is a name the adapter gives the row: the lowest
-  name not live, as the contract numbers slots (SGLang pops the highest free row).
+  double close) with SGLang's AssertionError, before anything changes. The handle names
+  SGLang's pair (row, `req_generation[row]`), which makes it unique, and resolves through
+  it; its slot and generation are the adapter's name for the pair, numbered as the
+  contract numbers slots (the lowest name not live, one generation more than the name's
+  last handle), since SGLang pops the highest free row and counts generations per row.
 - pages: the adapter names device pages of `PagedTokenToKVPoolAllocator` (and host pages of
   the host pool) in the contract's order; SGLang has no page names.
-- extent: an entry of SGLang's `RadixCache`. `publish` inserts the pages
-  (`RadixCache.insert`, under a namespace of its own: `RadixKey.extra_key`, so two extents
-  over equal tokens are not merged) and takes a lock on the entry for the reference
-  (`inc_lock_ref`); `retain` takes another lock, `release` drops one (`dec_lock_ref`), and
+- extent: an entry of SGLang's `RadixCache`. `publish` inserts the pages as
+  `_insert_cache` does (the computed tokens' key cut by `RadixKey.page_aligned`, the row's
+  `req_to_token` slice as the value; `RadixCache.insert`, under a namespace of its own:
+  `RadixKey.extra_key`, so two extents over equal tokens are not merged) and takes a lock on
+  the entry for the reference (`inc_lock_ref`, whose receipt the reference keeps);
+  `retain` takes another lock, `release` drops one (`dec_lock_ref`), and
   an entry whose lock count reaches zero is evicted as `RadixCache.evict` evicts a leaf
   (`free_segment` of its pages, `_delete_leaf`). `attach` is the scheduler's prefix
   reuse: `match_prefix` of the entry's key and `inc_lock_ref` for the request, dropped at
@@ -108,6 +111,7 @@ class _Request:
     num_tokens: int = 0
     reserved: int = 0
     locks: list[object] = field(default_factory=list)  # tree nodes locked for this request (attach)
+    receipts: list[object] = field(default_factory=list)  # each lock's receipt (unified trees; None on the legacy tree), parallel to locks
 
 
 @dataclass
@@ -125,6 +129,7 @@ class _Extent:
     key: object  # the RadixKey from the root down to the entry's end (match_prefix of it ends at the entry)
     refs: int = 1
     offset: int = 0  # pages of `key` above the entry (the first parts split off before it)
+    receipts: list[object] = field(default_factory=list)  # the receipts of the locks its references hold (unified trees)
 
 
 @dataclass
@@ -171,11 +176,12 @@ class SGLangRuntime:
             paged=True,
             tree=tree,
         )
-        # UnifiedRadixCache.dec_lock_ref takes its inc_lock_ref's receipt back; on a tree of
-        # the FULL component alone a receipt names only the node, so one per node (the
-        # latest) is what every unlock of it passes (the legacy tree takes none).
-        self.receipts: dict[object, object] = {}
-        self.requests: dict[RequestRuntimeHandle, _Request] = {}  # every handle issued, live or not
+        # A request handle names one use of a row: SGLang's own name for it is the pair
+        # (row, req_generation[row]) (memory_pool.py: "readers detect row reuse by equality
+        # with a generation they stored"), unique while req_generation stays monotonic. The
+        # handle resolves through that pair to the Req of the use; no check is made on it.
+        self.names: dict[RequestRuntimeHandle, tuple[int, int]] = {}  # every handle issued -> (row, req_generation)
+        self.uses: dict[tuple[int, int], _Request] = {}  # (row, req_generation) -> the Req of that use
         self.live_slots: dict[int, RequestRuntimeHandle] = {}
         self.pages: dict[int, _Page] = {}
         self.extents: dict[int, _Extent] = {}  # live extents
@@ -236,12 +242,12 @@ class SGLangRuntime:
             raise (StaleHandle if ref.epoch < 0 else UnknownHandle)(f"{what} has epoch {ref.epoch}; the adapter has only epoch 0")
 
     def _request(self, handle: RequestRuntimeHandle) -> _Request:
-        """The Req a handle stands for (live or finished); a handle never issued names none."""
+        """The Req of the row use a handle names (live or finished); a handle never issued names none."""
         self._own("request handle", handle)
-        record = self.requests.get(handle)
-        if record is None:
+        use = self.names.get(handle)
+        if use is None:
             raise UnknownHandle(f"request handle {handle} was never issued: no SGLang Req stands for it")
-        return record
+        return self.uses[use]
 
     def _entry(self, ref: CacheExtentRef) -> _Extent:
         """The tree entry an extent ref was issued for, live or not (a lookup, no check)."""
@@ -282,12 +288,11 @@ class SGLangRuntime:
     def _page_ids(self, indices) -> list[int]:
         return (indices[:: self.page_size] // self.page_size).tolist()
 
-    def _key(self, generation: int, names) -> object:
-        """The radix key of an extent: its page names as tokens, in a namespace of its own."""
+    def _key(self, generation: int, tokens) -> object:
+        """The radix key of an extent: its tokens (page name n stands as tokens n*ps .. n*ps+ps-1), in a namespace of its own, cut page-aligned as _insert_cache cuts it."""
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        ps = self.page_size
-        return RadixKey(token_ids=array("q", [n * ps + i for n in names for i in range(ps)]), extra_key=f"cacheruntime-extent-{generation}")
+        return RadixKey(token_ids=array("q", tokens), extra_key=f"cacheruntime-extent-{generation}").page_aligned(self.page_size)
 
     def _write_row(self, record: _Request) -> None:
         names = [p for p in record.pages if self.pages[p].device is not None]
@@ -310,7 +315,7 @@ class SGLangRuntime:
             stack.extend(node.children.values())
             if node is not exclude and node.value is not None:
                 named.update((node.value[::ps] // ps).tolist())
-        for record in self.requests.values() if rows else ():
+        for record in self.uses.values() if rows else ():
             if record.req.kv.holds_kv and record.req.kv.kv_allocated_len:
                 named.update((pool.req_to_token[record.row, : record.req.kv.kv_allocated_len : ps] // ps).tolist())
         return named
@@ -392,27 +397,37 @@ class SGLangRuntime:
         finally:
             core.evict_device_end(full)
 
-    def _lock(self, node) -> None:
+    def _lock(self, node) -> object:
+        """Lock `node`; the receipt UnifiedRadixCache.dec_lock_ref takes back (None on the legacy tree), for the lock's holder to keep."""
         tree: Any = self.sg.tree
         receipt = tree.inc_lock_ref(node)
-        if self.sg.unified:
-            self.receipts[node] = receipt.to_dec_params()
+        return receipt.to_dec_params() if self.sg.unified else None
 
     def _drop_host_copies(self, node) -> None:
         """Host copies of the evicted entry's pages that no live extent names go too (HiRadixCache evicts the node's host value)."""
         names = {n for e in self.entries.values() if e.node == node for n in e.pages}
         live = {n for e in self.extents.values() if e.node != node for n in e.pages}
-        live |= {n for h in self.live_slots.values() for n in self.requests[h].pages}  # a live row keeps its page, host copy included
+        live |= {n for h in self.live_slots.values() for n in self._request(h).pages}  # a live row keeps its page, host copy included
         gone = [n for n in sorted(names - live) if n in self.pages and self.pages[n].host is not None]
         if gone and self.sg.controller is not None:
             self.sg.controller.evict_host(self._host_indices(gone))
             for n in gone:
                 self.pages[n].host = None
 
-    def _unlock(self, node) -> None:
+    def _unlock(self, node, receipt) -> None:
+        """Unlock `node` with its holder's receipt, as the scheduler's `unlock(TreeLock)` does.
+
+        A holder keeps a lock's receipt from its `_lock` until it gives the lock back, once
+        (the scheduler sets `req.lock = None`). A holder with no lock left (a stale ref's)
+        has no receipt: on the unified trees it passes the empty one, `DecLockRefParams()`,
+        which SGLang's receipt check rejects ("the unified tree rejects such a receipt",
+        base_prefix_cache.py); the legacy tree takes no receipt.
+        """
         tree: Any = self.sg.tree
-        if self.sg.unified:  # every node unlocked here was locked through _lock; a stale one's receipt is kept, SGLang's check decides
-            tree.dec_lock_ref(node, self.receipts[node])
+        if self.sg.unified:
+            from sglang.srt.mem_cache.base_prefix_cache import DecLockRefParams
+
+            tree.dec_lock_ref(node, receipt if receipt is not None else DecLockRefParams())
         else:
             tree.dec_lock_ref(node)
         self._evict_unlocked(node)
@@ -422,17 +437,24 @@ class SGLangRuntime:
     def open_request(self) -> RequestRuntimeHandle:
         from sglang.srt.managers.schedule_batch import ReqKvInfo
 
-        req = SimpleNamespace(kv=ReqKvInfo(), rid=f"cacheruntime-{len(self.requests)}", beam_group=None)  # rid, beam_group: what the invariant checker reads
+        req = SimpleNamespace(kv=ReqKvInfo(), rid=f"cacheruntime-{len(self.names)}", beam_group=None)  # rid, beam_group: what the invariant checker reads
         rows = self.sg.req_to_token_pool.alloc([req])
         if rows is None:
             raise OutOfSlots(f"ReqToTokenPool has no free row (size {self.max_requests})")
         (row,) = rows
+        # The handle's (slot, generation) is the adapter's name for the row use, numbered as
+        # the contract numbers slots: the lowest name not live, and one generation more than
+        # the name's last handle (which was closed, or the name would be live). SGLang pops
+        # the highest free row and counts generations per row (report F6), so a name cannot
+        # carry the row's generation without repeating: R(s0,g2) could stand for two uses.
+        # The use itself is SGLang's pair (row, req_generation[row]), which the handle
+        # resolves through (names, uses): a handle is unique because SGLang's pair is.
         slot = min(s for s in range(self.max_requests) if s not in self.live_slots)
-        # SGLang bumps req_generation when it hands a row out (first use: 1); the contract
-        # bumps at close (first use: 0). Same sequence, shifted by one.
-        generation = int(self.sg.req_to_token_pool.req_generation[row]) - 1
-        handle = RequestRuntimeHandle(self.runtime_id, 0, slot, generation)
-        self.requests[handle] = _Request(req, row)
+        last = self.slot_history.get(slot)
+        handle = RequestRuntimeHandle(self.runtime_id, 0, slot, 0 if last is None else last.generation + 1)
+        use = (row, int(self.sg.req_to_token_pool.req_generation[row]))
+        self.names[handle] = use
+        self.uses[use] = _Request(req, row)
         self.live_slots[slot] = handle
         self.slot_history[slot] = handle
         return handle
@@ -461,9 +483,9 @@ class SGLangRuntime:
             self.sg.controller.evict_host(self._host_indices(hosted))
             for n in hosted:
                 self.pages[n].host = None
-        locks, record.locks = record.locks, []
-        for node in locks:
-            self._unlock(node)
+        locks, receipts, record.locks, record.receipts = record.locks, record.receipts, [], []
+        for node, receipt in zip(locks, receipts, strict=True):
+            self._unlock(node, receipt)
 
     # -- batches -------------------------------------------------------------------------
 
@@ -517,7 +539,7 @@ class SGLangRuntime:
 
                 entry = self._extent(extent)
                 node = self.sg.tree.match_prefix(MatchPrefixParams(key=entry.key)).last_device_node
-                self._lock(node)
+                record.receipts.append(self._lock(node))
                 record.locks.append(node)
                 record.pages.extend(entry.pages)
             while len(record.pages) * ps < ends[record.row]:
@@ -536,7 +558,7 @@ class SGLangRuntime:
         self._collect(block=True)  # compute waits for the loads (SGLang: layer_done_counter)
         results = []
         for item in record.plan.items:
-            request = self.requests[item.request]
+            request = self._request(item.request)
             end = record.ends[request.row]
             for position in range(end - item.new_tokens, end):  # compute's stand-in: a version tag per token written
                 if position // self.page_size >= len(request.pages):
@@ -568,7 +590,7 @@ class SGLangRuntime:
     def cancel_batch(self, batch: PreparedBatchHandle) -> None:
         record = self._batch(batch)  # no state check: SGLang has no batch identity
         for item in record.plan.items:
-            request = self.requests[item.request]
+            request = self._request(item.request)
             reserved, keep, locks = record.starts[request.row]
             attached = {n for node in request.locks[locks:] for e in self.entries.values() if e.node == node for n in e.pages}
             mine = [n for n in request.pages[keep:] if n not in attached and self.pages[n].device is not None]
@@ -579,9 +601,10 @@ class SGLangRuntime:
             del request.pages[keep:]
             request.reserved = reserved
             request.req.kv.kv_allocated_len = len(request.pages) * self.page_size
-            undone, request.locks = request.locks[locks:], request.locks[:locks]
-            for node in undone:
-                self._unlock(node)
+            undone = list(zip(request.locks[locks:], request.receipts[locks:], strict=True))
+            request.locks, request.receipts = request.locks[:locks], request.receipts[:locks]
+            for node, receipt in undone:
+                self._unlock(node, receipt)
         self._finish(batch.batch_id, BatchState.CANCELLED)
 
     # -- extents ---------------------------------------------------------------------------
@@ -592,16 +615,26 @@ class SGLangRuntime:
         return CacheExtentRef(self.runtime_id, 0, generation, pageruns.coalesce(record.pages))
 
     def publish(self, request: RequestRuntimeHandle, first_page: int, page_count: int) -> CacheExtentRef:
+        import torch
+
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
         record = self._request(request)
-        pages = tuple(record.pages[first_page : first_page + page_count])  # a slice clamps (V4)
+        ps = self.page_size
+        # The scheduler's insert path, RadixCache._insert_cache (radix_cache.py:450-483): the
+        # request's computed tokens (checkpoint's `fill_ids[:owned_kv_len]`; here those of the
+        # pages asked for), the key cut by RadixKey.page_aligned, the value the row's slice of
+        # req_to_token as long as the key. Python's slice clamps, as _insert_cache's row slice
+        # does, so an out-of-range or partly computed range is inserted short (report F9).
+        positions = range(record.num_tokens)[first_page * ps : (first_page + page_count) * ps]
         generation = self.next_extent
-        key = self._key(generation, pages)
-        value = self._device_indices([n for n in pages if self.pages[n].device is not None]) if pages else None
+        key = self._key(generation, [record.pages[q // ps] * ps + q % ps for q in positions])
+        pool = self.sg.req_to_token_pool
+        value = pool.req_to_token[record.row, positions.start : positions.start + len(key)].to(dtype=torch.int64, copy=True)
+        pages = tuple(record.pages[q // ps] for q in positions[: len(key) : ps])
         node = self.sg.tree.insert(InsertParams(key=key, value=value)).last_device_node
-        self._lock(node)  # the extent's reference keeps the entry from eviction
-        return self._issue(_Extent(pages, node, key))
+        receipt = self._lock(node)  # the extent's reference keeps the entry from eviction
+        return self._issue(_Extent(pages, node, key, receipts=[receipt]))
 
     def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -610,26 +643,34 @@ class SGLangRuntime:
         tree = self.sg.tree
         head_key = record.key[: (record.offset + at_page) * self.page_size]
         head = tree.match_prefix(MatchPrefixParams(key=head_key)).last_device_node  # splits the entry at at_page
-        self._lock(head)  # the first part's own reference; the rest keeps the whole one's
+        receipt = self._lock(head)  # the first part's own reference; the rest keeps the whole one's lock
         del self.extents[extent.generation]
+        rest, record.receipts = record.receipts, []  # the whole one's lock (its receipt) passes to the rest
         return (
-            self._issue(_Extent(record.pages[:at_page], head, head_key, offset=record.offset)),
-            self._issue(_Extent(record.pages[at_page:], record.node, record.key, offset=record.offset + at_page)),
+            self._issue(_Extent(record.pages[:at_page], head, head_key, offset=record.offset, receipts=[receipt])),
+            self._issue(_Extent(record.pages[at_page:], record.node, record.key, offset=record.offset + at_page, receipts=rest)),
         )
 
     def retain(self, extent: CacheExtentRef) -> None:
         record = self._entry(extent)  # SGLang's lock has no generation: a stale ref locks the entry too
-        self._lock(record.node)
+        record.receipts.append(self._lock(record.node))  # the ref's holder keeps the lock's receipt
         if extent.generation in self.extents:
             record.refs += 1
 
     def release(self, extent: CacheExtentRef) -> None:
-        record = self._entry(extent)  # a stale ref reaches the tree's entry (and the allocator) unchanged
+        """Drop one of the ref's locks with its receipt; a stale ref reaches the tree's entry (and the allocator) unchanged.
+
+        A receipt goes when its lock is given back, so a ref whose locks are all given back
+        (released to zero, or split: its lock passed to the rest) has none left, and its
+        release passes the empty receipt, as a scheduler holder whose `TreeLock` is gone
+        would have nothing else to pass (`_unlock`).
+        """
+        record = self._entry(extent)
         if extent.generation in self.extents:
             record.refs -= 1
             if record.refs == 0:
                 del self.extents[extent.generation]
-        self._unlock(record.node)
+        self._unlock(record.node, record.receipts.pop() if record.receipts else None)
 
     # -- tier moves --------------------------------------------------------------------------
 

@@ -188,7 +188,7 @@ class Checks:
         from sglang.srt.runtime_context import get_parallel
 
         rt, groups = self.runtime, self.groups
-        live = [rt.requests[h] for h in rt.live_slots.values()]
+        live = [rt._request(h) for h in rt.live_slots.values()]
         try:
             # No parallel config is published on CPU: state the one-rank value the scheduler
             # of a single GPU publishes (no decode context parallelism); the pool check reads it.

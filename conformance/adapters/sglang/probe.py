@@ -11,10 +11,11 @@ adapter's tables, so the suite's R1/R2/R4 judge SGLang at the step it goes wrong
 - L2 pool: the free list is the host pool's (`free_slots` and `release_slots`, duplicates
   kept); the pages in use are the host copies of live page names (the legacy `RadixCache`
   has no `host_value`, so the adapter's host index table stands in for HiRadixCache's).
-- slots: a slot is live when its Req holds a row (`ReqKvInfo.req_pool_idx`) that is not
-  on `ReqToTokenPool.free_slots`; its generation is `req_generation[row] - 1` (SGLang bumps
-  at hand-out, the contract at close, so a closed slot shows `req_generation[row]`); its
-  pages are the row's device pages in token order.
+- slots: a slot is live when the Req of its last handle's row use (SGLang's pair (row,
+  `req_generation[row]`)) holds a row (`ReqKvInfo.req_pool_idx`) that is not on
+  `ReqToTokenPool.free_slots`; its pages are the row's device pages in token order. Its
+  generation is the adapter's (the slot name's: the handle's, or the next one when closed),
+  as SGLang counts generations per row, not per name (adapter.py, `open_request`).
 - extents: every node of the radix tree, its page names read from the node's key (the
   adapter inserts a page name n as tokens n*ps .. n*ps+ps-1) and its references from the
   lock counts: `lock_ref` counts the node's own locks plus those through its children,
@@ -105,13 +106,13 @@ def abstract_state(rt: SGLangRuntime) -> AbstractState:
         if handle is None:
             slots.append(SlotView(slot_id, 0, False, (), 0, 0))
             continue
-        record = rt.requests[handle]
+        record = rt._request(handle)
         row, kv = record.row, record.req.kv
         live = kv.req_pool_idx is not None and row not in free_rows
         if not live:  # the slot name is the adapter's: closed, it stands at its last handle's next generation
             slots.append(SlotView(slot_id, handle.generation + 1, False, (), 0, 0))
             continue
-        generation = int(pool.req_generation[row]) - 1
+        generation = handle.generation
         phys = _pages_of(pool.req_to_token[row, : kv.kv_allocated_len], ps)
         names = tuple(device_name(p, record.pages[i] if i < len(record.pages) else None) for i, p in enumerate(phys))
         l1_mapped.update(zip(phys, names))
@@ -120,7 +121,7 @@ def abstract_state(rt: SGLangRuntime) -> AbstractState:
     # the locks through its children and the live requests' locks on it.
     request_locks: Counter = Counter()
     for handle in rt.live_slots.values():
-        request_locks.update(id(node) for node in rt.requests[handle].locks)
+        request_locks.update(id(node) for node in rt._request(handle).locks)
     generation_of = {}
     for generation, entry in sorted(rt.entries.items()):
         if generation_of.get(id(entry.node)) not in rt.extents:

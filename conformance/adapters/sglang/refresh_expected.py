@@ -43,101 +43,118 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
             "H1 release: crashes with RuntimeError",
             "H1 retain: crashes with RuntimeError",
         ),
-        "S6u (where the check lives, UnifiedRadixCache): both TreeCores refuse a lock or unlock of an entry they evicted (the node id is "
-        "gone: KeyError, unified_tree_core.py node_by_id / the Rust binding) and a second unlock of a live one (lock_ref=0: AssertionError "
-        "in the Python core, a panic raised as RuntimeError by the Rust core, which then refuses every later call: mutex poisoned); a "
-        "rejection, untyped, where the legacy RadixCache underflows (S6/S1)",
+        "F3 (where the check lives, UnifiedRadixCache): both TreeCores refuse a lock or unlock of an entry they evicted (the node id is gone: "
+        "KeyError, unified_tree_core.py node_by_id / the Rust binding), a second unlock of a live one (lock_ref=0) and an unlock with no "
+        "receipt of the holder's own (the receipt check, _assert_receipt_anchor, unified_tree_core.py:745-751): AssertionError in the Python "
+        "core, a panic raised as RuntimeError by the Rust core, which then refuses every later call (mutex poisoned); a rejection, untyped, "
+        "where the legacy RadixCache underflows (F2)",
     ),
     (
         (
             "contract:prepare_batch prepare_batch: raises OutOfPages where the model returns",
             "contract:prepare_batch prepare_batch: raises OutOfPages where the model raises OutOfPages",
         ),
-        "P1 (no counterpart, seen as running out without probe()): SGLang frees a device page only with the tree entry that holds it; a "
+        "F14 (adapter limitation, seen as running out without probe()): SGLang frees a device page only with the tree entry that holds it; a "
         "split's first part is the parent node and a page two publishes put in two entries stays with the other, so the pool runs out "
-        "sooner than the contract's (on the unified trees, which claim no INTROSPECTION, this is where P1 shows)",
+        "sooner than the contract's (on the unified trees, which claim no INTROSPECTION, this is where F14 shows)",
     ),
     (
         ("H1 execute_batch: changes state when it raises",),
-        "V7 (no counterpart, seen through probe()): SGLang's cache classes have no batch layer, so nothing undoes a batch's compute (its rows' "
-        "token counts) when one of the plan's tier moves then runs out (HiCacheController.write returns None, managers/cache_controller.py)",
+        "F12 (where the check lives, seen through probe()): SGLang's cache classes have no batch layer, so nothing undoes a batch's compute "
+        "(its rows' token counts) when one of the plan's tier moves then runs out (HiCacheController.write returns None, managers/cache_controller.py)",
     ),
     (
         ("probe:free release", "probe:free close_request", "probe:pages,probe:free submit", "probe:pages,probe:free release"),
-        "P1 (no counterpart, seen through probe()): SGLang frees a device page only with the tree entry that holds it, and an entry only as an "
-        "unlocked leaf (RadixCache.evict, radix_cache.py); a split's first part is the parent node, so its pages stay while the rest lives, and a "
-        "page two publishes put in two entries stays with the other; the contract frees a page when its last holder goes",
+        "F14 (adapter limitation, seen through probe()): SGLang frees a device page only with the tree entry that holds it, and an entry only "
+        "as an unlocked leaf (RadixCache.evict, radix_cache.py:552-580); a split's first part is the parent node, so its pages stay while the "
+        "rest lives, and a page two publishes put in two entries stays with the other; the contract frees a page when its last holder goes",
     ),
     (
-        ("contract:prepare_batch prepare_batch: crashes with TypeError where the model returns",),
-        "V9' (adapter limitation, CPU setup): the legacy RadixCache's match_prefix gathers the device value of every node on the path "
-        "(radix_cache.py:657-675) and fails on a demoted parent entry (value None, as HiRadixCache._evict_backuped leaves it); HiRadixCache's "
-        "match stops at evicted nodes instead",
+        ("contract:prepare_batch prepare_batch: crashes with TypeError where the model returns", "contract:split split: crashes with TypeError"),
+        "F11 (adapter limitation, CPU setup): the legacy RadixCache's match_prefix gathers the device value of every node on the path "
+        "(radix_cache.py:409-416) and _split_node slices the child's value (:686); both fail on a demoted entry (value None, as "
+        "HiRadixCache._evict_backuped leaves it, the adapter's Demote stand-in); HiRadixCache's match stops at evicted nodes instead",
     ),
     (
         ("H1 close_request: crashes with AssertionError", "H1 execute_batch: crashes with AssertionError"),
-        "S5 (where the check lives): ReqToTokenPool.free(req) refuses a Req that holds no row (a stale or double close, also as a plan's Close) with a bare "
-        "`assert req.kv.holds_kv` (sglang/srt/mem_cache/memory_pool.py:462-463) before it changes anything: the check exists, as an assert, "
-        "not a typed error (python -O removes it)",
+        "F1 (where the check lives): ReqToTokenPool.free(req) refuses a Req that holds no row (a stale or double close, also as a plan's Close) "
+        "with a bare `assert req.kv.holds_kv` (sglang/srt/mem_cache/memory_pool.py:462-463) before it changes anything: the check exists, as "
+        "an assert, not a typed error (python -O removes it)",
     ),
     (
-        ("H1 release: ",),
-        "S6/S1 (SGLang defect, legacy RadixCache): a second release of an extent reaches its tree entry unchanged (entries carry no generation): "
-        "dec_lock_ref drops a lock another holder took, or underflows to -1 (radix_cache.py:597-615); an entry left unlocked is evicted again, "
-        "free_segment puts its pages on the free list a second time (allocator/paged.py:340-357, no double-free check) and only then "
-        "_delete_leaf asserts (radix_cache.py:780-783)",
+        ("H1 release: crashes with AssertionError",),
+        "F2 (SGLang defect, legacy RadixCache): a second release of an extent reaches its tree entry unchanged (entries carry no generation): "
+        "dec_lock_ref underflows to -1 (radix_cache.py:597-616); an entry left unlocked is evicted again, free_segment puts its pages on the "
+        "free list a second time (allocator/paged.py:340-357, no double-free check) and only then _delete_leaf asserts (radix_cache.py:780-783). "
+        "On the unified trees the same signature is F3: the Python TreeCore's asserts refuse the unlock (lock_ref=0, or a holder with no receipt left)",
     ),
     (
-        ("H1 retain: returns where the model raises StaleHandle",),
-        "S6 (SGLang defect): inc_lock_ref (radix_cache.py:582-595) locks an entry already evicted or split without complaint: tree entries carry no generation",
+        ("H1 release: returns", "H1 retain: returns", "H1 prepare_batch: returns"),
+        "F4 (where the check lives): a stale extent ref whose tree entry is still in the tree (a split's original, whose node is the rest's; "
+        "a released ref whose entry another holder locks) reaches inc_lock_ref/dec_lock_ref of that node (radix_cache.py:582-616: a node, no "
+        "generation) and is accepted: retain takes a lock no holder gives back, release drops another holder's lock (the legacy tree takes no "
+        "receipt), a plan's Release of it is prepared; the scheduler owns each lock it takes and drops it once (common.py:434-435)",
     ),
     (
         ("H1 ",),
-        "V1/V5: a request's row is a bare index (ReqToTokenPool.write, memory_pool.py:413-414); the scheduler keeps it on the Req, so a "
-        "finished request's stale handle still names its old row, which prepare_batch (allocating for it, or running out), publish and "
-        "execute_batch write or read",
+        "F5 (where the check lives): a finished request's handle still names its Req, whose row is a bare index (ReqToTokenPool.write, "
+        "memory_pool.py:413-414); the tree's insert takes a key and a value, no request (radix_cache.py:428-448), so publish inserts for it, and "
+        "prepare_batch and execute_batch write or read the old row; SGLang's scheduler never acts for a finished Req",
     ),
     (
         (
             "contract:retain retain: raises UnknownHandle where the model raises StaleHandle",
             "contract:release release: raises UnknownHandle where the model raises StaleHandle",
         ),
-        "S6 (adapter limitation): tree entries carry no generation, so the adapter matches a ref's page runs against what its "
-        "entry names now, before it asks whether the entry is still live; after a split the entry names fewer pages, and a stale "
-        "ref to it, or a ref with other runs to an extent already released, reads as never issued (UnknownHandle) where the "
-        "contract says StaleHandle",
+        "F4's adapter side (adapter limitation; not reached in docs/sglang-report.md's run): tree entries carry no generation, so the adapter "
+        "matches a ref's page runs against what its entry names now, before it asks whether the entry is still live; after a split the entry "
+        "names fewer pages, and a stale ref to it, or a ref with other runs to an extent already released, reads as never issued "
+        "(UnknownHandle) where the contract says StaleHandle",
     ),
     (
-        ("contract:open_request ", "probe:slots open_request", "H2 open_request"),
-        "V2: ReqToTokenPool.alloc_rows pops the highest free row (LIFO tail, memory_pool.py:446-449) with a per-row generation; "
-        "the contract hands out the lowest free slot with a per-slot generation (determinism, not safety; probe() shows it as the "
-        "slot's generation, which under the adapter's slot names can fall when a slot gets another row)",
+        ("contract:submit submit: returns another value", "contract:submit submit: returns where the model raises OutOfPages"),
+        'F8 (adapter limitation, CPU setup): HiCacheController.write finishes the copy inside the call on io_backend="direct" '
+        "(managers/cache_controller.py:864-926), so the pages a backup in flight holds in the contract are free already: a Restore after a "
+        "same-call Backup and Demote counts pages the contract still has on the device (the model keeps a demoted page's device copy until "
+        "the backup lands), and a Backup after a same-call Backup and Drop reuses the dropped host page the contract still holds",
     ),
     (
-        ("contract:submit ",),
-        "V3/V6 (where the check lives): Demote = allocator.free of the device pages (mem_cache/allocator/paged.py:328) with no host-copy or "
-        "in-use check; HiRadixCache keeps those checks in the tree (it evicts only backed-up, unlocked nodes), not in the runtime classes",
+        (
+            "contract:submit ",
+            "contract:execute_batch execute_batch: returns where the model raises ExtentInUse",
+            "contract:execute_batch execute_batch: returns where the model raises WouldLoseData",
+            "contract:execute_batch execute_batch: returns where the model raises NotBackedUp",
+        ),
+        "F7 (where the check lives): Demote = allocator.free of the device pages (mem_cache/allocator/paged.py:328-338), Drop = "
+        "HiCacheController.evict_host (managers/cache_controller.py:1071-1076), with no host-copy, in-use or last-copy check; the guards are "
+        "the tree's (unified_tree_core.py:2090-2098 demotes only backed-up, unevicted nodes; :2195-2210 eviction skips locked ones), not the "
+        "runtime classes'",
     ),
     (
-        ("contract:publish ", "contract:execute_batch execute_batch: returns where the model raises InvalidPageRun"),
-        "V4: publish = a slice of the request's row, as _insert_cache slices req_to_token[row, :len] (mem_cache/radix_cache.py:460-462): "
-        "a slice clamps, so an empty or out-of-row range is inserted short instead of refused with InvalidPageRun",
+        (
+            "contract:publish ",
+            "contract:execute_batch execute_batch: returns where the model raises InvalidPageRun",
+            "contract:split split: returns where the model raises InvalidPageRun",
+        ),
+        "F9: publish goes SGLang's insert path (RadixCache._insert_cache, radix_cache.py:450-483): the computed tokens' key cut by "
+        "RadixKey.page_aligned and the row's req_to_token slice as long as the key, and split the tree's match of the first part's key; "
+        "a slice clamps, so an empty, out-of-row or partly computed range is inserted short instead of refused with InvalidPageRun",
     ),
     (
         ("contract:close_request ", "contract:execute_batch execute_batch: returns where the model raises RequestBusy"),
-        "V8: close_request (or a plan's Close) of a request in a prepared, unexecuted batch frees its row (ReqToTokenPool.free, "
-        "memory_pool.py:462-465, has no busy state)",
+        "F13 (where the check lives): close_request (or a plan's Close) of a request in a prepared, unexecuted batch frees its row "
+        "(ReqToTokenPool.free, memory_pool.py:462-465, has no busy state)",
     ),
     (
         ("contract:prepare_batch ", "O4 ", "contract:cancel_batch ", "contract:execute_batch "),
-        "V7: SGLang's cache classes have no batch layer (ScheduleBatch in managers/schedule_batch.py is the scheduler's): empty plans, appends "
-        "without an output, executing twice or out of order (a Close or Release then reaching SGLang's asserts), cancelling an executed, "
-        "unprepared or depended-on batch are not refused",
+        "F12 (where the check lives): SGLang's cache classes have no batch layer (ScheduleBatch in managers/schedule_batch.py and the "
+        "scheduler's PrefillAdder are the scheduler's): empty plans, appends without an output, executing twice or out of order (a Close or "
+        "Release then reaching SGLang's asserts), cancelling an executed, unprepared or depended-on batch are not refused",
     ),
     (
         ("contract:split ",),
-        "V9 (no counterpart): split = the tree's node split (match_prefix of the first part, "
-        "_split_node, radix_cache.py:677-700): SGLang has no extent references to count, so it splits an entry other references lock, and an empty first part matches the root",
+        "F10 (adapter limitation): split = the tree's node split (match_prefix of the first part, _split_node, radix_cache.py:677-700, which "
+        "copies lock_ref to the new parent): SGLang has no extent references to count, so it splits an entry other references lock",
     ),
 ]
 

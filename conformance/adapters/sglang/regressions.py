@@ -207,12 +207,13 @@ REGRESSIONS: dict[str, Regression] = {
 
 #: Regressions the gate does not catch today, and why. With INTROSPECTION (probe() read off
 #: SGLang's allocator, rows, tree and host pool, issue 16 item 3) an aliased, leaked or
-#: doubly freed page breaks R1/R2/R4 at the call where it happens; what survives changes
-#: only a request's generation or row, which today's SGLang already shows as V2.
-SURVIVORS: dict[str, str] = {
-    "alloc_rows_no_generation": "a repeated generation differs from the model first at open_request, in the handle and in probe()'s slot generation, whose signatures V2 (per-row generations, LIFO rows) already carries; the case ends there",
-    "row_reused_while_live": "the row left on SGLang's free list shows in probe() as a slot that is not live right at open_request, a slot difference whose signature V2 already carries (probe:slots open_request); the case ends there",
-}
+#: doubly freed page breaks R1/R2/R4 at the call where it happens. The two that changed only
+#: a request's generation or row (`alloc_rows_no_generation`, `row_reused_while_live`)
+#: survived while the adapter's handles carried the row's own generation under a slot name
+#: (report F6, whose expected signatures they matched); since handles name SGLang's pair
+#: (row, req_generation) and F6's signatures are gone, both die (`H2 open_request`,
+#: `probe:slots open_request`).
+SURVIVORS: dict[str, str] = {}
 
 #: The baseline: today's SGLang, nothing injected. The search must find nothing new on it,
 #: or a "kill" could be a violation today's SGLang has too, reached by another search path.

@@ -16,6 +16,10 @@ Sections (`--only` picks some):
 - `itl`: decode inter-token latency with background write-back against none (<= 1.03x);
 - `cpu`: host time of a decode step through the boundary against the same bookkeeping
   in-process on the pools (<= 1.0x), for B = 1, 16, 64, 256;
+- `cpu-sglang`: the same decode step against SGLang's own code on its CPU path
+  (`alloc_decode` + the ReqToToken write on its real pools) and against the in-process
+  baseline, all three alternating (<= 1.0x); only on the CPU and where SGLang is
+  importable (its own environment), else skipped with the reason;
 - `model` (only when named in `--only`): the Llama runner's decode step against its HBM
   bound and its prefill against the matmul throughput, both limits measured in the run
   (`benchmarks/model.py`).
@@ -38,7 +42,7 @@ import time
 import traceback
 from typing import Any
 
-SECTIONS = ("transfer", "overlap", "itl", "cpu")
+SECTIONS = ("transfer", "overlap", "itl", "cpu", "cpu-sglang")
 #: sections run only when `--only` names them (the model's run needs a large GPU)
 OPT_IN_SECTIONS = ("model",)
 
@@ -204,6 +208,13 @@ def main(args: argparse.Namespace) -> int:
                 from benchmarks import cpucost
 
                 cpucost.run(args, device, rows, guard)
+            elif section == "cpu-sglang":
+                from benchmarks import sglangcpu
+
+                skipped = sglangcpu.run(args, device, rows, guard)
+                if skipped:
+                    meta.setdefault("skipped", {})[section] = skipped
+                    print(f"[{section}: skipped: {skipped}]", flush=True)
             elif section == "model":
                 from benchmarks import model
 

@@ -19,6 +19,10 @@ Sections (`--only` picks some):
 - `process` (only when named in `--only`): the same decode step and one call's round trip on `ProcessGPURuntime` (the
   runtime in a runtime process, over ZeroMQ) against `LocalGPURuntime` in-process, for
   B = 1, 16, 64, 256 (`benchmarks/processcost.py`; no target: the ratio is what the split costs);
+- `cpu-sglang`: the same decode step against SGLang's own code on its CPU path
+  (`alloc_decode` + the ReqToToken write on its real pools) and against the in-process
+  baseline, all three alternating (<= 1.0x); only on the CPU and where SGLang is
+  importable (its own environment), else skipped with the reason;
 - `model` (only when named in `--only`): the Llama runner's decode step against its HBM
   bound and its prefill against the matmul throughput, both limits measured in the run
   (`benchmarks/model.py`);
@@ -44,7 +48,7 @@ import time
 import traceback
 from typing import Any
 
-SECTIONS = ("transfer", "overlap", "itl", "cpu")
+SECTIONS = ("transfer", "overlap", "itl", "cpu", "cpu-sglang")
 #: sections run only when `--only` names them (the model's and e2e's runs need a large GPU; the
 #: process section needs the [process] extra and forks runtime processes)
 OPT_IN_SECTIONS = ("model", "e2e", "process")
@@ -241,6 +245,13 @@ def main(args: argparse.Namespace) -> int:
                 from benchmarks import processcost
 
                 processcost.run(args, device, rows, guard)
+            elif section == "cpu-sglang":
+                from benchmarks import sglangcpu
+
+                skipped = sglangcpu.run(args, device, rows, guard)
+                if skipped:
+                    meta.setdefault("skipped", {})[section] = skipped
+                    print(f"[{section}: skipped: {skipped}]", flush=True)
             elif section == "model":
                 from benchmarks import model
 

@@ -9,9 +9,9 @@ page allocation, ReqToToken writes, completion handling.
 The baseline does the same bookkeeping in-process directly on the pools, as SGLang's
 scheduler does (`alloc_decode` + the ReqToToken write): a free-list pop when a row
 crosses a page boundary, the B new token locations computed on the host and written to
-the device table with one indexed store, plus the same null model step. Reference
-point measured on CPU: SGLang 0.5.23's alloc_decode + ReqToToken write costs 67-71 us per
-step for B = 1..256.
+the device table with one indexed store, plus the same null model step. SGLang's own
+code on the same workload is the `cpu-sglang` section (`benchmarks/sglangcpu.py`), which
+times these two sides again beside it.
 
 Both sides run the same number of steps, in blocks that alternate between them
 (`alternating`), so a drift of the host's speed during the run weighs on both alike.
@@ -19,8 +19,11 @@ Both sides run the same number of steps, in blocks that alternate between them
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,6 +72,26 @@ class DirectPools:
 CALLS = ("prepare_batch", "execute_batch", "poll_completions")
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of one cpu measurement: B rows of `context` tokens in pages of `page_size`, in a pool of `pages`."""
+
+    batch: int
+    page_size: int
+    pages: int
+    max_tokens: int  # per row
+    context: int
+
+
+@dataclass
+class DecodeSides:
+    """The sides of one cpu measurement, ready to time: name -> one decode step (`alternating` takes them)."""
+
+    shape: Shape
+    split: dict[str, float]  # the boundary's seconds per call, summed by its step
+    steps: dict[str, Callable[[], Any]]
+
+
 def timed_step(rt: Any, plan: BatchPlan, split: dict[str, float]) -> None:
     """One decode step through the boundary; each call's host seconds are added to `split`."""
     t0 = time.perf_counter()
@@ -104,10 +127,10 @@ def _mean_step(fn: Any, steps: int) -> tuple[float, float]:
 BLOCKS = 6
 
 
-def alternating(sides: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
+def alternating(sides: dict[str, Any], steps: int, blocks: int = BLOCKS) -> dict[str, dict[str, Any]]:
     """Per side: mean seconds per step, collector seconds per step, and each block's mean,
-    over `steps` steps run in `BLOCKS` blocks alternating between the sides."""
-    blocks = max(1, min(BLOCKS, steps))
+    over `steps` steps run in `blocks` blocks alternating between the sides."""
+    blocks = max(1, min(blocks, steps))
     sizes = [steps // blocks + (1 if i < steps % blocks else 0) for i in range(blocks)]
     out = {name: {"seconds": 0.0, "gc_seconds": 0.0, "block_means": []} for name in sides}
     for size in sizes:
@@ -120,55 +143,83 @@ def alternating(sides: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
+def shape_of(args: Any, batch: int) -> Shape:
+    """The sizes of the cpu measurement of `batch` rows: room for the context, the warm-up and the timed steps."""
     ps = args.cpu_page_size
     total = args.cpu_context + args.cpu_warmup + args.cpu_steps
-    for batch in args.cpu_batches:
-        with guard(SECTION, f"B={batch}"):
-            max_tokens = -(-total // ps) * ps + ps
-            pages = batch * (max_tokens // ps) + 8
-            rt = make_runtime(
-                args, device, NullRunner(device), tiny_kv=True, page_size=ps, max_requests=batch, max_request_tokens=max_tokens, l1_pages=pages, l2_pages=0
-            )
-            try:
-                requests = [rt.open_request() for _ in range(batch)]
-                if args.cpu_context:
-                    rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * args.cpu_context) for r in requests))))
-                items = tuple(BatchItem(r, (1,)) for r in requests)
-                plan = BatchPlan(items)
-                split = dict.fromkeys(CALLS, 0.0)
-                boundary_step = functools.partial(timed_step, rt, plan, split)
+    max_tokens = -(-total // ps) * ps + ps
+    return Shape(batch, ps, batch * (max_tokens // ps) + 8, max_tokens, args.cpu_context)
 
-                direct_pools = DirectPools(device, batch, ps, pages, max_tokens)
-                direct_pools.prefill(args.cpu_context)
-                for _ in range(args.cpu_warmup):
-                    boundary_step()
-                    direct_pools.step()
-                split.update(dict.fromkeys(split, 0.0))  # in place: boundary_step adds into this dict
-                timed = alternating({"boundary": boundary_step, "in_process": direct_pools.step}, args.cpu_steps)
-                boundary, direct = timed["boundary"]["seconds"], timed["in_process"]["seconds"]
-                rows.append(
-                    Row(
-                        SECTION,
-                        f"CPU per decode step B={batch} (prepare+execute+poll)",
-                        "us",
-                        boundary * 1e6,
-                        direct * 1e6,
-                        "in-process on pools",
-                        "ratio",
-                        "<=",
-                        1.0,
-                        {
-                            "batch": batch,
-                            "page_size": ps,
-                            "steps": args.cpu_steps,
-                            "context": args.cpu_context,
-                            "per_call_us": {k: v / args.cpu_steps * 1e6 for k, v in split.items()},
-                            "gc_us_per_step": {name: side["gc_seconds"] * 1e6 for name, side in timed.items()},
-                            "block_means_us": {name: [round(m * 1e6, 2) for m in side["block_means"]] for name, side in timed.items()},
-                            "reference_sglang_0_5_23_us": "67-71 (alloc_decode + ReqToToken write, CPU)",
-                        },
-                    )
+
+@contextlib.contextmanager
+def boundary_rows(args: Any, device: torch.device, shape: Shape, split: dict[str, float], **options: Any) -> Iterator[Callable[[], None]]:
+    """One decode step through a runtime (constructor `options`) holding `shape.batch` rows of
+    `shape.context` tokens; each call's seconds are added to `split`. Closed on exit."""
+    rt = make_runtime(
+        args,
+        device,
+        NullRunner(device),
+        tiny_kv=True,
+        page_size=shape.page_size,
+        max_requests=shape.batch,
+        max_request_tokens=shape.max_tokens,
+        l1_pages=shape.pages,
+        l2_pages=0,
+        **options,
+    )
+    try:
+        requests = [rt.open_request() for _ in range(shape.batch)]
+        if shape.context:
+            rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * shape.context) for r in requests))))
+        yield functools.partial(timed_step, rt, BatchPlan(tuple(BatchItem(r, (1,)) for r in requests)), split)
+    finally:
+        close_runtime(rt)
+
+
+@contextlib.contextmanager
+def decode_sides(args: Any, device: torch.device, batch: int) -> Iterator[DecodeSides]:
+    """The boundary and the in-process baseline, each with `batch` rows of `args.cpu_context` tokens, warmed up."""
+    shape = shape_of(args, batch)
+    split = dict.fromkeys(CALLS, 0.0)
+    with boundary_rows(args, device, shape, split) as boundary_step:
+        direct_pools = DirectPools(device, batch, shape.page_size, shape.pages, shape.max_tokens)
+        direct_pools.prefill(args.cpu_context)
+        for _ in range(args.cpu_warmup):
+            boundary_step()
+            direct_pools.step()
+        split.update(dict.fromkeys(split, 0.0))  # in place: boundary_step adds into this dict
+        yield DecodeSides(shape, split, {"boundary": boundary_step, "in_process": direct_pools.step})
+
+
+def timing_detail(args: Any, sides: DecodeSides, timed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What every cpu row carries beside its two numbers: the sizes, the boundary's calls, the collector, the blocks."""
+    return {
+        "batch": sides.shape.batch,
+        "page_size": sides.shape.page_size,
+        "steps": args.cpu_steps,
+        "context": args.cpu_context,
+        "per_call_us": {k: v / args.cpu_steps * 1e6 for k, v in sides.split.items()},
+        "gc_us_per_step": {name: side["gc_seconds"] * 1e6 for name, side in timed.items()},
+        "block_means_us": {name: [round(m * 1e6, 2) for m in side["block_means"]] for name, side in timed.items()},
+    }
+
+
+def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
+    for batch in args.cpu_batches:
+        with guard(SECTION, f"B={batch}"), decode_sides(args, device, batch) as sides:
+            timed = alternating(sides.steps, args.cpu_steps)
+            boundary, direct = timed["boundary"]["seconds"], timed["in_process"]["seconds"]
+            rows.append(
+                Row(
+                    SECTION,
+                    f"CPU per decode step B={batch} (prepare+execute+poll)",
+                    "us",
+                    boundary * 1e6,
+                    direct * 1e6,
+                    "in-process on pools",
+                    "ratio",
+                    "<=",
+                    1.0,
+                    timing_detail(args, sides, timed),
                 )
-            finally:
-                close_runtime(rt)
+            )

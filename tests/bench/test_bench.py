@@ -20,9 +20,11 @@ import torch
 
 from benchmarks import harness, report, timeline
 from benchmarks.hooks import KVMemory
+from benchmarks.sglangcpu import installed
 from cacheruntime.pageruns import coalesce
 
 ROOT = Path(__file__).resolve().parents[2]
+SGLANG = installed()  # then the smoke run has the cpu-sglang section too
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_smoke_json_structure(smoke: tuple[dict, str]) -> None:
     assert {"date", "command", "torch", "device", "config"} <= doc["meta"].keys()
     rows = doc["rows"]
     sections = {r["section"] for r in rows}
-    assert sections == {"transfer", "overlap", "itl", "cpu"}
+    assert sections == {"transfer", "overlap", "itl", "cpu"} | ({"cpu-sglang"} if SGLANG else set())
     for r in rows:
         assert {"measurement", "value", "baseline", "ratio", "target", "met", "unit"} <= r.keys()
         for key in ("value", "baseline", "ratio"):
@@ -63,6 +65,8 @@ def test_smoke_json_structure(smoke: tuple[dict, str]) -> None:
             for kind in ("restore", "backup"):
                 assert any(r["detail"]["page_size"] == ps and r["detail"]["run"] == run and r["measurement"].startswith(kind) for r in transfer)
     assert sorted(r["detail"]["batch"] for r in rows if r["section"] == "cpu") == [1, 16, 64, 256]
+    if not SGLANG:  # cpu-sglang runs where SGLang is importable (tests/bench/test_cpu_sglang.py); here it says why not
+        assert "SGLang is not importable" in doc["meta"]["skipped"]["cpu-sglang"]
 
 
 @pytest.mark.parametrize("run", [1, 3, 8])

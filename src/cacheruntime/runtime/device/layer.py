@@ -28,8 +28,8 @@ from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.reqtotoken import ReqToToken
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runner, make_runner
-from cacheruntime.runtime.device.simulated import Schedule
-from cacheruntime.runtime.device.streams import Event, Failed, Result, Stream, make_stream
+from cacheruntime.runtime.device.simulated import Schedule, SimResult
+from cacheruntime.runtime.device.streams import CpuResult, Event, Failed, Result, Stream, make_stream
 from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS, D2HThrottle, Piece, Results
 from cacheruntime.runtime.ledger.records import Transfer
 
@@ -305,7 +305,10 @@ class DeviceLayer:
             # Every queued piece belongs to a backup started before this batch, so the compute
             # event its D2H waits for (O2) is still the previous batch's: it runs under this compute.
             self.pump(1)
-        self.compute_event = self.compute.record()
+        # On a CPU (or simulated) stream the forward's result is itself an event, set when the
+        # worker has run it: the point a record here would mark, as nothing else is queued on
+        # the compute stream in between. Using it saves the worker a second wake-up per batch.
+        self.compute_event = result if isinstance(result, CpuResult | SimResult) else self.compute.record()
         if started:
             result.result()  # the runner's error, if any, before the batch's backups are issued
         self.launch_all(started, transfers, doomed)

@@ -121,11 +121,13 @@ VARIABLES
     nextVersion     \* the next version tag; never resets, not even at a restart (D1)
 memoryVars == <<tags1, tags2, nextVersion>>
 
-\* Extents: each extent generation's references and page names.
+\* Extents: each extent generation's references and page names, and (a ghost, for R5) the
+\* references control holds by its own account of the calls it made.
 VARIABLES
     extents,        \* extents[g]: extent g's refcount (0: not live) and page names
-    nextExtent      \* the next extent generation to issue in this epoch
-extentVars == <<extents, nextExtent>>
+    nextExtent,     \* the next extent generation to issue in this epoch
+    held            \* ghost: held[g], references to extent g control was given and has not released
+extentVars == <<extents, nextExtent, held>>
 
 \* Batches: every batch of the epoch, prepared, executed, cancelled or failed.
 VARIABLES
@@ -457,6 +459,7 @@ TypeOK ==
     /\ nextVersion \in Nat \ {0}
     /\ \A g \in EIds : extents[g].refcount \in 0 .. MaxRefcount /\ extents[g].pages \in Seq(Names)
     /\ nextExtent \in 1 .. MaxExtents + 1
+    /\ held \in [EIds -> 0 .. MaxRefcount]
     /\ \A b \in BIds : /\ batches[b].state \in {"none"} \cup BatchState
                        /\ \A i \in DOMAIN batches[b].intents : batches[b].intents[i].kind \in IntentKinds \ {"Restore"}
     /\ nextBatch \in 0 .. MaxBatches
@@ -489,6 +492,7 @@ Init ==
     /\ nextVersion = 1
     /\ extents = [g \in EIds |-> NoExtent]
     /\ nextExtent = 1
+    /\ held = [g \in EIds |-> 0]
     /\ batches = [b \in BIds |-> NoBatch]
     /\ nextBatch = 0
     /\ transfers = [t \in TIds |-> NoTransfer]
@@ -655,6 +659,7 @@ Publish(h, first, count) ==
     /\ holders' = [n \in Names |-> holders[n] + Count(ps, n)]
     /\ extents' = [extents EXCEPT ![nextExtent] = [refcount |-> 1, pages |-> ps]]
     /\ nextExtent' = nextExtent + 1
+    /\ held' = [held EXCEPT ![nextExtent] = 1]                           \* ghost: control holds the new reference
     /\ UNCHANGED <<runtimeVars, requestVars, versions, nextPage, copyVars, poolVars, memoryVars, batchVars,
                    transferVars>>
 
@@ -671,6 +676,7 @@ Split(x, at) ==
                           ![nextExtent] = [refcount |-> 1, pages |-> SubSeq(ps, 1, at)],
                           ![nextExtent + 1] = [refcount |-> 1, pages |-> SubSeq(ps, at + 1, Len(ps))]]
     /\ nextExtent' = nextExtent + 2
+    /\ held' = [held EXCEPT ![x.generation] = 0, ![nextExtent] = 1, ![nextExtent + 1] = 1]   \* ghost
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, batchVars, transferVars>>
 
 (* Retain: a live extent gains a reference. *)
@@ -679,6 +685,7 @@ Retain(x) ==
     /\ ValidExt(x)
     /\ extents[x.generation].refcount < MaxRefcount                     \* model bound
     /\ extents' = [extents EXCEPT ![x.generation].refcount = @ + 1]
+    /\ held' = [held EXCEPT ![x.generation] = @ + 1]                     \* ghost
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, nextExtent, batchVars,
                    transferVars>>
 
@@ -691,6 +698,7 @@ Release(x) ==
               /\ DropHolders(extents[x.generation].pages)
          ELSE /\ extents' = [extents EXCEPT ![x.generation].refcount = @ - 1]
               /\ UNCHANGED <<holders, versions, copyVars, poolVars>>
+    /\ held' = [held EXCEPT ![x.generation] = @ - 1]                     \* ghost
     /\ UNCHANGED <<runtimeVars, requestVars, nextPage, memoryVars, nextExtent, batchVars, transferVars>>
 
 (* SubmitBackup: a submit of one Backup intent (NoL2, OutOfPages(L2)). *)
@@ -771,6 +779,7 @@ Restart ==
     /\ deferred2' = [p \in Phys2 |-> {}]
     /\ extents' = [g \in EIds |-> NoExtent]
     /\ nextExtent' = 1
+    /\ held' = [g \in EIds |-> 0]                                        \* ghost: every reference is stale
     /\ batches' = [b \in BIds |-> NoBatch]
     /\ nextBatch' = 0
     /\ transfers' = [t \in TIds |-> NoTransfer]
@@ -909,16 +918,16 @@ Next ==
     \/ OpenRequest
     \/ \E s \in Slots : CloseRequest(ReqH(s))
     \/ \E P \in Plans : PrepareBatch(P)
-    \/ \E b \in BIds : ExecuteBatch(BatchH(b)) \/ CancelBatch(BatchH(b))
+    \/ \E b \in BIds : ExecuteBatch(BatchH(b))
+    \/ \E b \in BIds : CancelBatch(BatchH(b))
     \/ \E s \in Slots, f \in 0 .. MaxRequestTokens - 1, c \in 1 .. MaxRequestTokens : Publish(ReqH(s), f, c)
-    \/ \E g \in LiveExts :
-          \/ Retain(ExtH(g))
-          \/ Release(ExtH(g))
-          \/ \E at \in 1 .. MaxRequestTokens : Split(ExtH(g), at)
-          \/ SubmitBackup(ExtH(g))
-          \/ SubmitRestore(ExtH(g))
-          \/ SubmitDemote(ExtH(g))
-          \/ SubmitDrop(ExtH(g))
+    \/ \E g \in LiveExts : Retain(ExtH(g))
+    \/ \E g \in LiveExts : Release(ExtH(g))
+    \/ \E g \in LiveExts, at \in 1 .. MaxRequestTokens : Split(ExtH(g), at)
+    \/ \E g \in LiveExts : SubmitBackup(ExtH(g))
+    \/ \E g \in LiveExts : SubmitRestore(ExtH(g))
+    \/ \E g \in LiveExts : SubmitDemote(ExtH(g))
+    \/ \E g \in LiveExts : SubmitDrop(ExtH(g))
     \/ MaxSubmitIntents >= 2 /\ \E i, j \in TierIntents : Submit(<<i, j>>)
     \/ PollCompletions
     \/ WaitCompletions
@@ -959,25 +968,47 @@ StaleReq(h) == h.epoch < epoch \/ (h.epoch = epoch /\ h.generation < generation[
 StaleExt(x) == x.epoch < epoch \/ (x.epoch = epoch /\ x.generation < nextExtent /\ extents[x.generation].refcount = 0)
 StaleBatch(bh) == bh.epoch < epoch
 
+(* Every operation that names the handle is refused (not enabled).  An    *)
+(* extent ref is refused inside a plan too: attached to a row, or the      *)
+(* extent of a plan's intent (started at prepare, or applied at execute),  *)
+(* and inside a submit of one intent of each kind.                         *)
+RequestRefused(h) ==
+    /\ ~ENABLED CloseRequest(h)
+    /\ ~ENABLED Publish(h, 0, 1)
+    /\ ~ENABLED PrepareBatch([items |-> <<[request |-> h, attach |-> <<>>]>>, intents |-> <<>>])
+ExtentRefused(x) ==
+    /\ ~ENABLED Retain(x)
+    /\ ~ENABLED Release(x)
+    /\ ~ENABLED Split(x, 1)
+    /\ ~ENABLED SubmitBackup(x)
+    /\ ~ENABLED SubmitRestore(x)
+    /\ ~ENABLED SubmitDemote(x)
+    /\ ~ENABLED SubmitDrop(x)
+    /\ \A k \in IntentKinds : ~ENABLED Submit(<<[kind |-> k, extent |-> x]>>)
+    /\ \A s \in {v \in Slots : live[v]} :
+          /\ ~ENABLED PrepareBatch([items |-> <<[request |-> ReqH(s), attach |-> <<x>>]>>, intents |-> <<>>])
+          /\ \A k \in {"Restore", "Demote"} :
+                ~ENABLED PrepareBatch([items |-> <<[request |-> ReqH(s), attach |-> <<>>]>>,
+                                       intents |-> <<[kind |-> k, extent |-> x]>>])
+BatchRefused(bh) == ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh) /\ ~ENABLED FailCompute(bh)
+
 (* H1: no operation given a stale handle is enabled: it changes nothing.   *)
-H1_StaleRequestHandle ==
-    \A h \in RequestHandles : StaleReq(h) =>
-        /\ ~ENABLED CloseRequest(h)
-        /\ ~ENABLED Publish(h, 0, 1)
-        /\ ~ENABLED PrepareBatch([items |-> <<[request |-> h, attach |-> <<>>]>>, intents |-> <<>>])
-H1_StaleExtentRef ==
-    \A x \in ExtentRefs : StaleExt(x) =>
-        /\ ~ENABLED Retain(x)
-        /\ ~ENABLED Release(x)
-        /\ ~ENABLED Split(x, 1)
-        /\ ~ENABLED SubmitBackup(x)
-        /\ ~ENABLED SubmitRestore(x)
-        /\ ~ENABLED SubmitDemote(x)
-        /\ ~ENABLED SubmitDrop(x)
-H1_StaleBatchHandle ==
-    \A bh \in BatchHandles : StaleBatch(bh) =>
-        ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh) /\ ~ENABLED FailCompute(bh)
+H1_StaleRequestHandle == \A h \in RequestHandles : StaleReq(h) => RequestRefused(h)
+H1_StaleExtentRef == \A x \in ExtentRefs : StaleExt(x) => ExtentRefused(x)
+H1_StaleBatchHandle == \A bh \in BatchHandles : StaleBatch(bh) => BatchRefused(bh)
 H1 == H1_StaleRequestHandle /\ H1_StaleExtentRef /\ H1_StaleBatchHandle
+
+(* H4: no operation given a handle that was never issued is enabled: one   *)
+(* of a later epoch, of a slot at a later generation or not open at its    *)
+(* current one, an extent or a batch id not issued yet in this epoch.      *)
+UnissuedReq(h) == \/ h.epoch > epoch
+                  \/ h.epoch = epoch /\ h.generation > generation[h.slotId]
+                  \/ h.epoch = epoch /\ h.generation = generation[h.slotId] /\ ~live[h.slotId]
+UnissuedExt(x) == x.epoch > epoch \/ (x.epoch = epoch /\ x.generation >= nextExtent)
+UnissuedBatch(bh) == bh.epoch > epoch \/ (bh.epoch = epoch /\ bh.batchId >= nextBatch)
+H4 == /\ \A h \in RequestHandles : UnissuedReq(h) => RequestRefused(h)
+      /\ \A x \in ExtentRefs : UnissuedExt(x) => ExtentRefused(x)
+      /\ \A bh \in BatchHandles : UnissuedBatch(bh) => BatchRefused(bh)
 
 (* H2 (an action property): generations never decrease, and a slot that   *)
 (* stops being live moves to a new generation.                             *)
@@ -1020,6 +1051,12 @@ R4 == /\ \A p \in Phys1 : Count(free1, p) <= 1
       /\ \A p \in Phys2 : Count(free2, p) <= 1
       /\ Range(free1) \cap (Mapped1 \cup Deferred1) = {}
       /\ Range(free2) \cap (Mapped2 \cup Deferred2) = {}
+
+(* R5: every extent's refcount is the number of references control holds *)
+(* (the ghost held: given by Publish and Split, added by Retain, given up  *)
+(* by Release), so a Retain that does not count or a Release that does not *)
+(* drop shows.                                                             *)
+R5 == \A g \in EIds : extents[g].refcount = held[g]
 
 (* O1: every page a live row has computed over has a valid device copy:    *)
 (* compute waited for KV_READY.                                            *)
@@ -1075,6 +1112,34 @@ F2 == [][epoch' = epoch /\ FailsNow # {} =>
                  /\ state2'[n] \in Readable => tags2'[phys2'[n]] = tags2[phys2'[n]]
            /\ nextVersion' = nextVersion
            /\ nextTransfer' = nextTransfer]_vars
+
+(* F3 (an action property): a lost runtime refuses every operation with    *)
+(* RuntimeFault, and no transfer lands or fails: nothing changes until     *)
+(* Restart.                                                                *)
+F3 == [][lost /\ epoch' = epoch => UNCHANGED vars]_vars
+
+(* T1: completions are sound: each completion not yet reported names a    *)
+(* transfer started in this epoch that left the streams, at most once; a   *)
+(* transfer is in flight exactly when it has moves on record.              *)
+T1 == /\ \A i \in DOMAIN unreported : unreported[i].transferId < nextTransfer /\ unreported[i].transferId \notin inflight
+      /\ \A i, j \in DOMAIN unreported : i # j => unreported[i].transferId # unreported[j].transferId
+      /\ \A t \in TIds : (t \in inflight) = (t < nextTransfer /\ transfers[t].pages # <<>>)
+
+(* T2: a filling copy has in flight the transfer that fills it (a restore  *)
+(* into the device copy's page, a backup into the host copy's page), and a *)
+(* dropping copy waits for its page's copy in the other tier, filling.     *)
+Fills(t, kind, n, p) == transfers[t].kind = kind /\ \E i \in DOMAIN transfers[t].pages :
+                            transfers[t].pages[i].name = n /\ transfers[t].pages[i].dst = p
+T2 == \A n \in Names :
+        /\ state1[n] = "filling" => \E t \in inflight : Fills(t, "restore", n, phys1[n])
+        /\ state2[n] = "filling" => \E t \in inflight : Fills(t, "backup", n, phys2[n])
+        /\ state1[n] = "dropping" => state2[n] = "filling"
+        /\ state2[n] = "dropping" => state1[n] = "filling"
+
+(* T3 (an action property): a runtime that is not lost restarts only with *)
+(* nothing in flight: a restart forgets its transfers, so one still       *)
+(* landing would write pages the new epoch hands out again.                *)
+T3 == [][epoch' # epoch => inflight = {} \/ lost]_vars
 
 (* Liveness: every started transfer completes (or is discarded by a        *)
 (* restart); every prepared batch is eventually executed or cancelled.     *)

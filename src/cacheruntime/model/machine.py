@@ -400,6 +400,10 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
 
     def check_invariants(self) -> None:
         """Evaluate every state invariant of the catalogue on the model; raise on the first violated."""
-        from cacheruntime.invariants import check_state
+        from cacheruntime.invariants import InvariantViolation, check_state
+        from cacheruntime.model.transfers import T1_completions_sound
 
         check_state(self.probe())
+        unsound = T1_completions_sound(self.state.transfers, self.state.unreported, self.state.next_transfer)
+        if unsound:
+            raise InvariantViolation("T1", unsound)

@@ -191,15 +191,15 @@ Concat(ss) == IF ss = <<>> THEN <<>> ELSE Head(ss) \o Concat(Tail(ss))
 (* generation, for a live extent or a batch issued in this epoch.          *)
 
 ValidReq(h) == /\ h.epoch = epoch
-               /\ h.slotId \in Slots
+               /\ h.slotId \in Slots            \* redundant: every handle the spec forms has slotId \in Slots (RequestHandles, ReqH)
                /\ h.generation = generation[h.slotId]
                /\ live[h.slotId]
 ValidExt(x) == /\ x.epoch = epoch
-               /\ x.generation \in EIds
+               /\ x.generation \in EIds         \* redundant: every ref the spec forms has generation \in EIds (ExtentRefs, ExtH)
                /\ extents[x.generation].refcount > 0
 ValidBatch(bh) == /\ bh.epoch = epoch
-                  /\ bh.batchId \in BIds
-                  /\ bh.batchId < nextBatch
+                  /\ bh.batchId \in BIds      \* redundant: every batch handle the spec forms has batchId \in BIds (BatchHandles, BatchH)
+                  /\ bh.batchId < nextBatch    \* redundant: an id not issued yet is NoBatch, state "none", which every user of ValidBatch refuses
 
 Exists(n) == holders[n] > 0
 InPrepared(s) == \E b \in BIds : batches[b].state = "prepared" /\ s \in Range(batches[b].slots)
@@ -1057,6 +1057,14 @@ R4 == /\ \A p \in Phys1 : Count(free1, p) <= 1
 (* by Release), so a Retain that does not count or a Release that does not *)
 (* drop shows.                                                             *)
 R5 == \A g \in EIds : extents[g].refcount = held[g]
+
+(* R6: what is gone leaves nothing behind: a copy is absent exactly when  *)
+(* it maps no physical page, and a page name with no holder has no copy    *)
+(* and no version (its bytes were freed with it).                          *)
+R6 == \A n \in Names :
+        /\ (state1[n] = "absent") = (phys1[n] = -1)
+        /\ (state2[n] = "absent") = (phys2[n] = -1)
+        /\ holders[n] = 0 => state1[n] = "absent" /\ state2[n] = "absent" /\ versions[n] = 0
 
 (* O1: every page a live row has computed over has a valid device copy:    *)
 (* compute waited for KV_READY.                                            *)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -392,7 +393,7 @@ def expected_of(result: Result, baseline: int) -> str:
 
 
 def run_cli(manifest: dict, tla_dir: Path, *, subset: str, java: str, jar: Path, workers: int, jobs: int) -> int:
-    """`cacheruntime tlc --spec-mutants [all|ci]`: the baseline, then the mutants, then the kill table.
+    """`cacheruntime tlc --spec-mutants [all|ci|IDS]`: the baseline, then the mutants, then the kill table.
 
     Fails when the baseline's state count differs from the manifest's, when a mutant of the CI
     subset gets another verdict than the manifest's, and (all) when a mutant survives or ends in
@@ -406,9 +407,16 @@ def run_cli(manifest: dict, tla_dir: Path, *, subset: str, java: str, jar: Path,
         expected = section["ci"]
         unknown = sorted(set(expected) - {m.ident for m in mutants})
         if unknown:
-            print(f"cacheruntime tlc: error: the manifest's CI mutants {unknown} are not generated from the spec")
+            print(f"cacheruntime tlc: error: the manifest's CI mutants {unknown} are not generated from the spec", file=sys.stderr)
             return 1
         mutants = [m for m in mutants if m.ident in expected]
+    elif subset != "all":
+        chosen = set(subset.split(","))
+        unknown = sorted(chosen - {m.ident for m in mutants} - {m.definition for m in mutants})
+        if unknown:
+            print(f"cacheruntime tlc: error: no mutant or definition named {unknown}; `--spec-mutants all` lists every mutant id", file=sys.stderr)
+            return 2
+        mutants = [m for m in mutants if m.ident in chosen or m.definition in chosen]
     # the dedicated model, and a model of its own for a definition the dedicated one cannot reach
     pinned = {section["config"]: section["distinct_states"]} | {o["config"]: o["distinct_states"] for o in section.get("models", {}).values()}
     configs = {"": tla_dir / section["config"]} | {d: tla_dir / o["config"] for d, o in section.get("models", {}).items()}

@@ -277,8 +277,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--spec-mutants",
         nargs="?",
         const="all",
-        choices=("all", "ci"),
-        help="run the spec's guard and effect mutants on tla/MCMutants.cfg and print the kill table (all: every mutant, slow; ci: the manifest's fixed subset)",
+        metavar="WHICH",
+        help="run the spec's guard and effect mutants on tla/MCMutants.cfg and print the kill table "
+        "(all, the default: every mutant, slow; ci: the manifest's fixed subset; or a comma-separated "
+        "list of mutant ids and definition names, e.g. Split,Release.e2)",
     )
     parser.add_argument("--jobs", type=positive_int, default=1, help="spec mutants checked at once, each with --workers (default 1)")
     runtimetrace.add_arguments(parser)

@@ -57,7 +57,7 @@ def test_the_ci_subset_names_generated_mutants_of_every_kind():
     ci = MANIFEST["spec_mutants"]["ci"]
     assert set(ci) <= set(BY_ID)
     assert {BY_ID[i].kind for i in ci} == {"guard", "effect", "altered"}
-    assert any(v == "redundant" for v in ci.values()) and any(v.startswith("killed:") for v in ci.values())
+    assert all(v.startswith("killed:") for v in ci.values()), "each CI mutant is killed by a named invariant"
 
 
 def test_a_redundant_verdict_needs_the_same_count_and_a_reason():
@@ -94,3 +94,16 @@ def test_the_ci_models_step_every_action_of_next():
         if m.get("group", "ci") == "ci" and m["expect"] == "pass":
             stepped |= set(m.get("actions_stepped", ()))
     assert stepped == set(tlc.next_actions(SPEC))
+
+
+def test_an_unknown_mutant_name_is_a_one_line_error(capsys):
+    code = specmutants.run_cli(MANIFEST, tlc.TLA_DIR, subset="NoSuchAction,Split.g99", java="java", jar=tlc.TLA_DIR, workers=1, jobs=1)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "NoSuchAction" in err and "Split.g99" in err
+
+
+def test_a_name_selects_a_definitions_mutants():
+    split = [m for m in MUTANTS if m.definition == "Split"]
+    assert split and all(m.ident.startswith("Split.") for m in split)
+    assert MANIFEST["spec_mutants"]["models"]["Split"]["config"] == "MCSplit.cfg"

@@ -293,7 +293,6 @@ STATE_INVARIANTS: dict[str, Callable[[AbstractState], Violations]] = {
     "O3": O3_no_reuse_in_flight,
     "D1": D1_copies_hold_last_write,
     "F1": F1_a_readable_copy_survives,
-    "T2": T2_filling_has_transfer,
 }
 
 #: Every predicate that reads the states before and after one call, by catalogue id.

@@ -313,7 +313,7 @@ RestorePages(T, g) == LET none(n) == T.state1[n] = "absent" IN SelectSeq(extents
 Revive1(T, g) == [T EXCEPT !.state1 = [n \in Names |-> IF n \in Range(extents[g].pages) /\ T.state1[n] = "dropping"
                                                        THEN "valid" ELSE T.state1[n]]]
 RestoreOk(T, g) ==
-    /\ \A n \in Range(RestorePages(T, g)) : T.state2[n] # "absent"     \* NotBackedUp
+    /\ \A n \in Range(RestorePages(T, g)) : T.state2[n] # "absent"     \* NotBackedUp; redundant: implied by F1 (a live page without a device copy has a readable host copy)
     /\ Len(RestorePages(T, g)) <= Len(T.free1)                          \* OutOfPages(L1)
     /\ T.nextTransfer < MaxTransfers                                    \* model bound
 AfterRestore(T0, g) ==
@@ -513,8 +513,8 @@ OpenRequest ==
     /\ \E s \in Slots : ~live[s]
     /\ LET s == CHOOSE v \in Slots : ~live[v] /\ \A w \in Slots : ~live[w] => v <= w
        IN /\ live' = [live EXCEPT ![s] = TRUE]
-          /\ pages' = [pages EXCEPT ![s] = <<>>]
-          /\ numTokens' = [numTokens EXCEPT ![s] = 0]
+          /\ pages' = [pages EXCEPT ![s] = <<>>]       \* redundant: a slot not live has an empty row already (Init, CloseRequest, Restart)
+          /\ numTokens' = [numTokens EXCEPT ![s] = 0]  \* redundant: a slot not live counts no token already (Init, CloseRequest, Restart)
     /\ UNCHANGED <<runtimeVars, generation, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
                    transferVars>>
 
@@ -528,8 +528,8 @@ CloseRequest(h) ==
     /\ LET s == h.slotId IN
        /\ live' = [live EXCEPT ![s] = FALSE]
        /\ generation' = [generation EXCEPT ![s] = @ + 1]
-       /\ pages' = [pages EXCEPT ![s] = <<>>]
-       /\ numTokens' = [numTokens EXCEPT ![s] = 0]
+       /\ pages' = [pages EXCEPT ![s] = <<>>]          \* redundant: nothing reads a closed slot's row (RowHeld, HolderCount, O1 read live slots) and OpenRequest clears it
+       /\ numTokens' = [numTokens EXCEPT ![s] = 0]     \* redundant: nothing reads a closed slot's count (O1, Publish need a live slot) and OpenRequest clears it
        /\ DropHolders(pages[s])
     /\ UNCHANGED <<runtimeVars, nextPage, memoryVars, extentVars, batchVars>>
 

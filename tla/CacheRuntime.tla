@@ -630,7 +630,7 @@ ExecuteBatch(bh) ==
 \* FailCompute (environment): ExecuteBatch of a batch whose compute fails (ComputeFailed): the batch
 \* and its dependents fail with no visible effect.
 FailCompute(bh) ==
-    /\ Faults                                                           \* the environment's failures are modelled
+    /\ Faults                                                           \* the environment's failures are modelled; redundant: a model switch (MCMutants.cfg sets Faults = TRUE), not a protocol guard
     /\ ~lost                                                            \* RuntimeFault
     /\ CanExecute(bh)
     /\ FailBatches(bh)
@@ -654,7 +654,9 @@ Publish(h, first, count) ==
     LET ps == SubSeq(pages[h.slotId], first + 1, first + count) IN
     /\ ~lost                                                            \* RuntimeFault
     /\ ValidReq(h)
-    /\ count >= 1 /\ first >= 0 /\ first + count <= numTokens[h.slotId]
+    /\ count >= 1                        \* redundant: Next and the H1, H4 probes call Publish with count >= 1 only
+    /\ first >= 0                        \* redundant: Next and the H1, H4 probes call Publish with first >= 0 only
+    /\ first + count <= numTokens[h.slotId]
     /\ nextExtent <= MaxExtents                                         \* model bound
     /\ holders' = [n \in Names |-> holders[n] + Count(ps, n)]
     /\ extents' = [extents EXCEPT ![nextExtent] = [refcount |-> 1, pages |-> ps]]
@@ -670,7 +672,8 @@ Split(x, at) ==
     /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x)
     /\ extents[x.generation].refcount = 1
-    /\ 0 < at /\ at < Len(ps)
+    /\ 0 < at                        \* redundant: Next and the H1, H4 probes call Split with at >= 1 only
+    /\ at < Len(ps)
     /\ nextExtent + 1 <= MaxExtents                                     \* model bound
     /\ extents' = [extents EXCEPT ![x.generation] = NoExtent,
                           ![nextExtent] = [refcount |-> 1, pages |-> SubSeq(ps, 1, at)],
@@ -858,7 +861,7 @@ FailTransfer(t) ==
         filling(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
         moved == [i \in DOMAIN ms |-> ms[i].name]
     IN
-    /\ Faults                                                           \* the environment's failures are modelled
+    /\ Faults                                                           \* the environment's failures are modelled; redundant: a model switch (MCMutants.cfg sets Faults = TRUE), not a protocol guard
     /\ Completable(t)
     /\ IF transfers[t].kind = "backup"
          THEN LET into(n) == state2[n] = "filling" /\ filling(n, phys2[n])    \* host copies the D2H was filling
@@ -889,7 +892,7 @@ FailTransfer(t) ==
 \* RuntimeLost (environment): the runtime's machinery is gone (a stream worker died); nothing
 \* changes but that every operation except Restart now raises RuntimeFault.
 RuntimeLost ==
-    /\ Faults                                                           \* the environment's failures are modelled
+    /\ Faults                                                           \* the environment's failures are modelled; redundant: a model switch (MCMutants.cfg sets Faults = TRUE), not a protocol guard
     /\ ~lost
     /\ lost' = TRUE
     /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,

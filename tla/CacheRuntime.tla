@@ -707,7 +707,8 @@ Release(x) ==
 (* SubmitBackup: a submit of one Backup intent (NoL2, OutOfPages(L2)). *)
 SubmitBackup(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ BackupOk(Tiers, x.generation)
     /\ SetTiers(AfterBackup(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
@@ -715,7 +716,8 @@ SubmitBackup(x) ==
 \* SubmitRestore: a submit of one Restore intent (NoL2, NotBackedUp, OutOfPages(L1)).
 SubmitRestore(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ RestoreOk(Tiers, x.generation)
     /\ SetTiers(AfterRestore(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
@@ -723,7 +725,8 @@ SubmitRestore(x) ==
 \* SubmitDemote: a submit of one Demote intent (NoL2, NotBackedUp, ExtentInUse).
 SubmitDemote(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ DemoteOk(Tiers, x.generation)
     /\ SetTiers(AfterDemote(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
@@ -731,7 +734,8 @@ SubmitDemote(x) ==
 (* SubmitDrop: a submit of one Drop intent (NoL2, WouldLoseData). *)
 SubmitDrop(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ DropOk(Tiers, x.generation)
     /\ SetTiers(AfterDrop(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>

@@ -897,7 +897,7 @@ FailTransfer(t) ==
 \* changes but that every operation except Restart now raises RuntimeFault.
 RuntimeLost ==
     /\ Faults                                                           \* the environment's failures are modelled; redundant: a model switch (MCMutants.cfg sets Faults = TRUE), not a protocol guard
-    /\ ~lost
+    /\ ~lost                                                            \* redundant: losing a lost runtime again changes nothing (a stuttering step)
     /\ lost' = TRUE
     /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
                    transferVars>>

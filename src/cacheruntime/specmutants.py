@@ -208,7 +208,8 @@ def effect_variables(text: str) -> dict[str, set[str]]:
 
 
 def _code(text: str) -> str:
-    return "\n".join(_strip_comment(line)[0] for line in text.split("\n"))
+    """The text with every comment blanked out (same length, so offsets still match)."""
+    return "\n".join(code + " " * (len(line) - len(code)) for line in text.split("\n") for code in [_strip_comment(line)[0]])
 
 
 def generate(text: str) -> list[Mutant]:

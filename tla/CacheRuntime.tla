@@ -121,11 +121,13 @@ VARIABLES
     nextVersion     \* the next version tag; never resets, not even at a restart (D1)
 memoryVars == <<tags1, tags2, nextVersion>>
 
-\* Extents: each extent generation's references and page names.
+\* Extents: each extent generation's references and page names, and (a ghost, for R5) the
+\* references control holds by its own account of the calls it made.
 VARIABLES
     extents,        \* extents[g]: extent g's refcount (0: not live) and page names
-    nextExtent      \* the next extent generation to issue in this epoch
-extentVars == <<extents, nextExtent>>
+    nextExtent,     \* the next extent generation to issue in this epoch
+    held            \* ghost: held[g], references to extent g control was given and has not released
+extentVars == <<extents, nextExtent, held>>
 
 \* Batches: every batch of the epoch, prepared, executed, cancelled or failed.
 VARIABLES
@@ -189,15 +191,15 @@ Concat(ss) == IF ss = <<>> THEN <<>> ELSE Head(ss) \o Concat(Tail(ss))
 (* generation, for a live extent or a batch issued in this epoch.          *)
 
 ValidReq(h) == /\ h.epoch = epoch
-               /\ h.slotId \in Slots
+               /\ h.slotId \in Slots            \* redundant: every handle the spec forms has slotId \in Slots (RequestHandles, ReqH)
                /\ h.generation = generation[h.slotId]
                /\ live[h.slotId]
 ValidExt(x) == /\ x.epoch = epoch
-               /\ x.generation \in EIds
+               /\ x.generation \in EIds         \* redundant: every ref the spec forms has generation \in EIds (ExtentRefs, ExtH)
                /\ extents[x.generation].refcount > 0
 ValidBatch(bh) == /\ bh.epoch = epoch
-                  /\ bh.batchId \in BIds
-                  /\ bh.batchId < nextBatch
+                  /\ bh.batchId \in BIds      \* redundant: every batch handle the spec forms has batchId \in BIds (BatchHandles, BatchH)
+                  /\ bh.batchId < nextBatch    \* redundant: an id not issued yet is NoBatch, state "none", which every user of ValidBatch refuses
 
 Exists(n) == holders[n] > 0
 InPrepared(s) == \E b \in BIds : batches[b].state = "prepared" /\ s \in Range(batches[b].slots)
@@ -311,7 +313,7 @@ RestorePages(T, g) == LET none(n) == T.state1[n] = "absent" IN SelectSeq(extents
 Revive1(T, g) == [T EXCEPT !.state1 = [n \in Names |-> IF n \in Range(extents[g].pages) /\ T.state1[n] = "dropping"
                                                        THEN "valid" ELSE T.state1[n]]]
 RestoreOk(T, g) ==
-    /\ \A n \in Range(RestorePages(T, g)) : T.state2[n] # "absent"     \* NotBackedUp
+    /\ \A n \in Range(RestorePages(T, g)) : T.state2[n] # "absent"     \* NotBackedUp; redundant: implied by F1 (a live page without a device copy has a readable host copy)
     /\ Len(RestorePages(T, g)) <= Len(T.free1)                          \* OutOfPages(L1)
     /\ T.nextTransfer < MaxTransfers                                    \* model bound
 AfterRestore(T0, g) ==
@@ -457,6 +459,7 @@ TypeOK ==
     /\ nextVersion \in Nat \ {0}
     /\ \A g \in EIds : extents[g].refcount \in 0 .. MaxRefcount /\ extents[g].pages \in Seq(Names)
     /\ nextExtent \in 1 .. MaxExtents + 1
+    /\ held \in [EIds -> 0 .. MaxRefcount]
     /\ \A b \in BIds : /\ batches[b].state \in {"none"} \cup BatchState
                        /\ \A i \in DOMAIN batches[b].intents : batches[b].intents[i].kind \in IntentKinds \ {"Restore"}
     /\ nextBatch \in 0 .. MaxBatches
@@ -489,6 +492,7 @@ Init ==
     /\ nextVersion = 1
     /\ extents = [g \in EIds |-> NoExtent]
     /\ nextExtent = 1
+    /\ held = [g \in EIds |-> 0]
     /\ batches = [b \in BIds |-> NoBatch]
     /\ nextBatch = 0
     /\ transfers = [t \in TIds |-> NoTransfer]
@@ -509,8 +513,8 @@ OpenRequest ==
     /\ \E s \in Slots : ~live[s]
     /\ LET s == CHOOSE v \in Slots : ~live[v] /\ \A w \in Slots : ~live[w] => v <= w
        IN /\ live' = [live EXCEPT ![s] = TRUE]
-          /\ pages' = [pages EXCEPT ![s] = <<>>]
-          /\ numTokens' = [numTokens EXCEPT ![s] = 0]
+          /\ pages' = [pages EXCEPT ![s] = <<>>]       \* redundant: a slot not live has an empty row already (Init, CloseRequest, Restart)
+          /\ numTokens' = [numTokens EXCEPT ![s] = 0]  \* redundant: a slot not live counts no token already (Init, CloseRequest, Restart)
     /\ UNCHANGED <<runtimeVars, generation, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
                    transferVars>>
 
@@ -524,8 +528,8 @@ CloseRequest(h) ==
     /\ LET s == h.slotId IN
        /\ live' = [live EXCEPT ![s] = FALSE]
        /\ generation' = [generation EXCEPT ![s] = @ + 1]
-       /\ pages' = [pages EXCEPT ![s] = <<>>]
-       /\ numTokens' = [numTokens EXCEPT ![s] = 0]
+       /\ pages' = [pages EXCEPT ![s] = <<>>]          \* redundant: nothing reads a closed slot's row (RowHeld, HolderCount, O1 read live slots) and OpenRequest clears it
+       /\ numTokens' = [numTokens EXCEPT ![s] = 0]     \* redundant: nothing reads a closed slot's count (O1, Publish need a live slot) and OpenRequest clears it
        /\ DropHolders(pages[s])
     /\ UNCHANGED <<runtimeVars, nextPage, memoryVars, extentVars, batchVars>>
 
@@ -626,7 +630,7 @@ ExecuteBatch(bh) ==
 \* FailCompute (environment): ExecuteBatch of a batch whose compute fails (ComputeFailed): the batch
 \* and its dependents fail with no visible effect.
 FailCompute(bh) ==
-    /\ Faults                                                           \* the environment's failures are modelled
+    /\ Faults                                                           \* the environment's failures are modelled; redundant: a model switch (MCMutants.cfg sets Faults = TRUE), not a protocol guard
     /\ ~lost                                                            \* RuntimeFault
     /\ CanExecute(bh)
     /\ FailBatches(bh)
@@ -650,11 +654,14 @@ Publish(h, first, count) ==
     LET ps == SubSeq(pages[h.slotId], first + 1, first + count) IN
     /\ ~lost                                                            \* RuntimeFault
     /\ ValidReq(h)
-    /\ count >= 1 /\ first >= 0 /\ first + count <= numTokens[h.slotId]
+    /\ count >= 1                        \* redundant: Next and the H1, H4 probes call Publish with count >= 1 only
+    /\ first >= 0                        \* redundant: Next and the H1, H4 probes call Publish with first >= 0 only
+    /\ first + count <= numTokens[h.slotId]
     /\ nextExtent <= MaxExtents                                         \* model bound
     /\ holders' = [n \in Names |-> holders[n] + Count(ps, n)]
     /\ extents' = [extents EXCEPT ![nextExtent] = [refcount |-> 1, pages |-> ps]]
     /\ nextExtent' = nextExtent + 1
+    /\ held' = [held EXCEPT ![nextExtent] = 1]                           \* ghost: control holds the new reference
     /\ UNCHANGED <<runtimeVars, requestVars, versions, nextPage, copyVars, poolVars, memoryVars, batchVars,
                    transferVars>>
 
@@ -665,12 +672,14 @@ Split(x, at) ==
     /\ ~lost                                                            \* RuntimeFault
     /\ ValidExt(x)
     /\ extents[x.generation].refcount = 1
-    /\ 0 < at /\ at < Len(ps)
+    /\ 0 < at                        \* redundant: Next and the H1, H4 probes call Split with at >= 1 only
+    /\ at < Len(ps)
     /\ nextExtent + 1 <= MaxExtents                                     \* model bound
     /\ extents' = [extents EXCEPT ![x.generation] = NoExtent,
                           ![nextExtent] = [refcount |-> 1, pages |-> SubSeq(ps, 1, at)],
                           ![nextExtent + 1] = [refcount |-> 1, pages |-> SubSeq(ps, at + 1, Len(ps))]]
     /\ nextExtent' = nextExtent + 2
+    /\ held' = [held EXCEPT ![x.generation] = 0, ![nextExtent] = 1, ![nextExtent + 1] = 1]   \* ghost
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, batchVars, transferVars>>
 
 (* Retain: a live extent gains a reference. *)
@@ -679,6 +688,7 @@ Retain(x) ==
     /\ ValidExt(x)
     /\ extents[x.generation].refcount < MaxRefcount                     \* model bound
     /\ extents' = [extents EXCEPT ![x.generation].refcount = @ + 1]
+    /\ held' = [held EXCEPT ![x.generation] = @ + 1]                     \* ghost
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, nextExtent, batchVars,
                    transferVars>>
 
@@ -691,12 +701,14 @@ Release(x) ==
               /\ DropHolders(extents[x.generation].pages)
          ELSE /\ extents' = [extents EXCEPT ![x.generation].refcount = @ - 1]
               /\ UNCHANGED <<holders, versions, copyVars, poolVars>>
+    /\ held' = [held EXCEPT ![x.generation] = @ - 1]                     \* ghost
     /\ UNCHANGED <<runtimeVars, requestVars, nextPage, memoryVars, nextExtent, batchVars, transferVars>>
 
 (* SubmitBackup: a submit of one Backup intent (NoL2, OutOfPages(L2)). *)
 SubmitBackup(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ BackupOk(Tiers, x.generation)
     /\ SetTiers(AfterBackup(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
@@ -704,7 +716,8 @@ SubmitBackup(x) ==
 \* SubmitRestore: a submit of one Restore intent (NoL2, NotBackedUp, OutOfPages(L1)).
 SubmitRestore(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ RestoreOk(Tiers, x.generation)
     /\ SetTiers(AfterRestore(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
@@ -712,7 +725,8 @@ SubmitRestore(x) ==
 \* SubmitDemote: a submit of one Demote intent (NoL2, NotBackedUp, ExtentInUse).
 SubmitDemote(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ DemoteOk(Tiers, x.generation)
     /\ SetTiers(AfterDemote(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
@@ -720,7 +734,8 @@ SubmitDemote(x) ==
 (* SubmitDrop: a submit of one Drop intent (NoL2, WouldLoseData). *)
 SubmitDrop(x) ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ ValidExt(x) /\ L2Pages > 0
+    /\ ValidExt(x)
+    /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ DropOk(Tiers, x.generation)
     /\ SetTiers(AfterDrop(Tiers, x.generation))
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
@@ -771,6 +786,7 @@ Restart ==
     /\ deferred2' = [p \in Phys2 |-> {}]
     /\ extents' = [g \in EIds |-> NoExtent]
     /\ nextExtent' = 1
+    /\ held' = [g \in EIds |-> 0]                                        \* ghost: every reference is stale
     /\ batches' = [b \in BIds |-> NoBatch]
     /\ nextBatch' = 0
     /\ transfers' = [t \in TIds |-> NoTransfer]
@@ -849,7 +865,7 @@ FailTransfer(t) ==
         filling(n, p) == \E i \in DOMAIN ms : ms[i].name = n /\ ms[i].dst = p
         moved == [i \in DOMAIN ms |-> ms[i].name]
     IN
-    /\ Faults                                                           \* the environment's failures are modelled
+    /\ Faults                                                           \* the environment's failures are modelled; redundant: a model switch (MCMutants.cfg sets Faults = TRUE), not a protocol guard
     /\ Completable(t)
     /\ IF transfers[t].kind = "backup"
          THEN LET into(n) == state2[n] = "filling" /\ filling(n, phys2[n])    \* host copies the D2H was filling
@@ -880,8 +896,8 @@ FailTransfer(t) ==
 \* RuntimeLost (environment): the runtime's machinery is gone (a stream worker died); nothing
 \* changes but that every operation except Restart now raises RuntimeFault.
 RuntimeLost ==
-    /\ Faults                                                           \* the environment's failures are modelled
-    /\ ~lost
+    /\ Faults                                                           \* the environment's failures are modelled; redundant: a model switch (MCMutants.cfg sets Faults = TRUE), not a protocol guard
+    /\ ~lost                                                            \* redundant: losing a lost runtime again changes nothing (a stuttering step)
     /\ lost' = TRUE
     /\ UNCHANGED <<epoch, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
                    transferVars>>
@@ -909,16 +925,16 @@ Next ==
     \/ OpenRequest
     \/ \E s \in Slots : CloseRequest(ReqH(s))
     \/ \E P \in Plans : PrepareBatch(P)
-    \/ \E b \in BIds : ExecuteBatch(BatchH(b)) \/ CancelBatch(BatchH(b))
+    \/ \E b \in BIds : ExecuteBatch(BatchH(b))
+    \/ \E b \in BIds : CancelBatch(BatchH(b))
     \/ \E s \in Slots, f \in 0 .. MaxRequestTokens - 1, c \in 1 .. MaxRequestTokens : Publish(ReqH(s), f, c)
-    \/ \E g \in LiveExts :
-          \/ Retain(ExtH(g))
-          \/ Release(ExtH(g))
-          \/ \E at \in 1 .. MaxRequestTokens : Split(ExtH(g), at)
-          \/ SubmitBackup(ExtH(g))
-          \/ SubmitRestore(ExtH(g))
-          \/ SubmitDemote(ExtH(g))
-          \/ SubmitDrop(ExtH(g))
+    \/ \E g \in LiveExts : Retain(ExtH(g))
+    \/ \E g \in LiveExts : Release(ExtH(g))
+    \/ \E g \in LiveExts, at \in 1 .. MaxRequestTokens : Split(ExtH(g), at)
+    \/ \E g \in LiveExts : SubmitBackup(ExtH(g))
+    \/ \E g \in LiveExts : SubmitRestore(ExtH(g))
+    \/ \E g \in LiveExts : SubmitDemote(ExtH(g))
+    \/ \E g \in LiveExts : SubmitDrop(ExtH(g))
     \/ MaxSubmitIntents >= 2 /\ \E i, j \in TierIntents : Submit(<<i, j>>)
     \/ PollCompletions
     \/ WaitCompletions
@@ -959,25 +975,47 @@ StaleReq(h) == h.epoch < epoch \/ (h.epoch = epoch /\ h.generation < generation[
 StaleExt(x) == x.epoch < epoch \/ (x.epoch = epoch /\ x.generation < nextExtent /\ extents[x.generation].refcount = 0)
 StaleBatch(bh) == bh.epoch < epoch
 
+(* Every operation that names the handle is refused (not enabled).  An    *)
+(* extent ref is refused inside a plan too: attached to a row, or the      *)
+(* extent of a plan's intent (started at prepare, or applied at execute),  *)
+(* and inside a submit of one intent of each kind.                         *)
+RequestRefused(h) ==
+    /\ ~ENABLED CloseRequest(h)
+    /\ ~ENABLED Publish(h, 0, 1)
+    /\ ~ENABLED PrepareBatch([items |-> <<[request |-> h, attach |-> <<>>]>>, intents |-> <<>>])
+ExtentRefused(x) ==
+    /\ ~ENABLED Retain(x)
+    /\ ~ENABLED Release(x)
+    /\ ~ENABLED Split(x, 1)
+    /\ ~ENABLED SubmitBackup(x)
+    /\ ~ENABLED SubmitRestore(x)
+    /\ ~ENABLED SubmitDemote(x)
+    /\ ~ENABLED SubmitDrop(x)
+    /\ \A k \in IntentKinds : ~ENABLED Submit(<<[kind |-> k, extent |-> x]>>)
+    /\ \A s \in {v \in Slots : live[v]} :
+          /\ ~ENABLED PrepareBatch([items |-> <<[request |-> ReqH(s), attach |-> <<x>>]>>, intents |-> <<>>])
+          /\ \A k \in {"Restore", "Demote"} :
+                ~ENABLED PrepareBatch([items |-> <<[request |-> ReqH(s), attach |-> <<>>]>>,
+                                       intents |-> <<[kind |-> k, extent |-> x]>>])
+BatchRefused(bh) == ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh) /\ ~ENABLED FailCompute(bh)
+
 (* H1: no operation given a stale handle is enabled: it changes nothing.   *)
-H1_StaleRequestHandle ==
-    \A h \in RequestHandles : StaleReq(h) =>
-        /\ ~ENABLED CloseRequest(h)
-        /\ ~ENABLED Publish(h, 0, 1)
-        /\ ~ENABLED PrepareBatch([items |-> <<[request |-> h, attach |-> <<>>]>>, intents |-> <<>>])
-H1_StaleExtentRef ==
-    \A x \in ExtentRefs : StaleExt(x) =>
-        /\ ~ENABLED Retain(x)
-        /\ ~ENABLED Release(x)
-        /\ ~ENABLED Split(x, 1)
-        /\ ~ENABLED SubmitBackup(x)
-        /\ ~ENABLED SubmitRestore(x)
-        /\ ~ENABLED SubmitDemote(x)
-        /\ ~ENABLED SubmitDrop(x)
-H1_StaleBatchHandle ==
-    \A bh \in BatchHandles : StaleBatch(bh) =>
-        ~ENABLED ExecuteBatch(bh) /\ ~ENABLED CancelBatch(bh) /\ ~ENABLED FailCompute(bh)
+H1_StaleRequestHandle == \A h \in RequestHandles : StaleReq(h) => RequestRefused(h)
+H1_StaleExtentRef == \A x \in ExtentRefs : StaleExt(x) => ExtentRefused(x)
+H1_StaleBatchHandle == \A bh \in BatchHandles : StaleBatch(bh) => BatchRefused(bh)
 H1 == H1_StaleRequestHandle /\ H1_StaleExtentRef /\ H1_StaleBatchHandle
+
+(* H4: no operation given a handle that was never issued is enabled: one   *)
+(* of a later epoch, of a slot at a later generation or not open at its    *)
+(* current one, an extent or a batch id not issued yet in this epoch.      *)
+UnissuedReq(h) == \/ h.epoch > epoch
+                  \/ h.epoch = epoch /\ h.generation > generation[h.slotId]
+                  \/ h.epoch = epoch /\ h.generation = generation[h.slotId] /\ ~live[h.slotId]
+UnissuedExt(x) == x.epoch > epoch \/ (x.epoch = epoch /\ x.generation >= nextExtent)
+UnissuedBatch(bh) == bh.epoch > epoch \/ (bh.epoch = epoch /\ bh.batchId >= nextBatch)
+H4 == /\ \A h \in RequestHandles : UnissuedReq(h) => RequestRefused(h)
+      /\ \A x \in ExtentRefs : UnissuedExt(x) => ExtentRefused(x)
+      /\ \A bh \in BatchHandles : UnissuedBatch(bh) => BatchRefused(bh)
 
 (* H2 (an action property): generations never decrease, and a slot that   *)
 (* stops being live moves to a new generation.                             *)
@@ -1020,6 +1058,20 @@ R4 == /\ \A p \in Phys1 : Count(free1, p) <= 1
       /\ \A p \in Phys2 : Count(free2, p) <= 1
       /\ Range(free1) \cap (Mapped1 \cup Deferred1) = {}
       /\ Range(free2) \cap (Mapped2 \cup Deferred2) = {}
+
+(* R5: every extent's refcount is the number of references control holds *)
+(* (the ghost held: given by Publish and Split, added by Retain, given up  *)
+(* by Release), so a Retain that does not count or a Release that does not *)
+(* drop shows.                                                             *)
+R5 == \A g \in EIds : extents[g].refcount = held[g]
+
+(* R6: what is gone leaves nothing behind: a copy is absent exactly when  *)
+(* it maps no physical page, and a page name with no holder has no copy    *)
+(* and no version (its bytes were freed with it).                          *)
+R6 == \A n \in Names :
+        /\ (state1[n] = "absent") = (phys1[n] = -1)
+        /\ (state2[n] = "absent") = (phys2[n] = -1)
+        /\ holders[n] = 0 => state1[n] = "absent" /\ state2[n] = "absent" /\ versions[n] = 0
 
 (* O1: every page a live row has computed over has a valid device copy:    *)
 (* compute waited for KV_READY.                                            *)
@@ -1075,6 +1127,34 @@ F2 == [][epoch' = epoch /\ FailsNow # {} =>
                  /\ state2'[n] \in Readable => tags2'[phys2'[n]] = tags2[phys2'[n]]
            /\ nextVersion' = nextVersion
            /\ nextTransfer' = nextTransfer]_vars
+
+(* F3 (an action property): a lost runtime refuses every operation with    *)
+(* RuntimeFault, and no transfer lands or fails: nothing changes until     *)
+(* Restart.                                                                *)
+F3 == [][lost /\ epoch' = epoch => UNCHANGED vars]_vars
+
+(* T1: completions are sound: each completion not yet reported names a    *)
+(* transfer started in this epoch that left the streams, at most once; a   *)
+(* transfer is in flight exactly when it has moves on record.              *)
+T1 == /\ \A i \in DOMAIN unreported : unreported[i].transferId < nextTransfer /\ unreported[i].transferId \notin inflight
+      /\ \A i, j \in DOMAIN unreported : i # j => unreported[i].transferId # unreported[j].transferId
+      /\ \A t \in TIds : (t \in inflight) = (t < nextTransfer /\ transfers[t].pages # <<>>)
+
+(* T2: a filling copy has in flight the transfer that fills it (a restore  *)
+(* into the device copy's page, a backup into the host copy's page), and a *)
+(* dropping copy waits for its page's copy in the other tier, filling.     *)
+Fills(t, kind, n, p) == transfers[t].kind = kind /\ \E i \in DOMAIN transfers[t].pages :
+                            transfers[t].pages[i].name = n /\ transfers[t].pages[i].dst = p
+T2 == \A n \in Names :
+        /\ state1[n] = "filling" => \E t \in inflight : Fills(t, "restore", n, phys1[n])
+        /\ state2[n] = "filling" => \E t \in inflight : Fills(t, "backup", n, phys2[n])
+        /\ state1[n] = "dropping" => state2[n] = "filling"
+        /\ state2[n] = "dropping" => state1[n] = "filling"
+
+(* T3 (an action property): a runtime that is not lost restarts only with *)
+(* nothing in flight: a restart forgets its transfers, so one still       *)
+(* landing would write pages the new epoch hands out again.                *)
+T3 == [][epoch' # epoch => inflight = {} \/ lost]_vars
 
 (* Liveness: every started transfer completes (or is discarded by a        *)
 (* restart); every prepared batch is eventually executed or cancelled.     *)

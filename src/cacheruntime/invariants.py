@@ -261,6 +261,27 @@ def F2_failed_batch_invisible(before: AbstractState, after: AbstractState) -> Vi
     return out
 
 
+# -- transfers -------------------------------------------------------------------------
+
+
+def T2_filling_has_transfer(state: AbstractState) -> Violations:
+    """A filling copy has in flight the transfer that writes it (a restore into a device copy, a
+    backup into a host copy); a dropping copy waits for its page's copy in the other tier, filling."""
+    out = []
+    writes = {(t.kind, name, dst) for t in state.transfers for name, dst in zip(t.pages, t.destinations)}
+    phys = {tier: _page_phys(state, tier) for tier in (Tier.L1, Tier.L2)}
+    for page in state.pages:
+        for tier, copy, other, kind in (
+            (Tier.L1, page.l1, page.l2, TransferKind.RESTORE),
+            (Tier.L2, page.l2, page.l1, TransferKind.BACKUP),
+        ):
+            if copy is CopyState.FILLING and (kind, page.page, phys[tier].get(page.page)) not in writes:
+                out.append(f"page {page.page}: {tier.value} copy filling with no {kind.value} in flight writing it")
+            if copy is CopyState.DROPPING and other is not CopyState.FILLING:
+                out.append(f"page {page.page}: {tier.value} copy dropping while the other tier's copy is {other.value}")
+    return out
+
+
 #: Every predicate that reads one state, by catalogue id.
 STATE_INVARIANTS: dict[str, Callable[[AbstractState], Violations]] = {
     "R1": R1_pages_conserved,

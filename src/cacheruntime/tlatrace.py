@@ -178,14 +178,14 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("copyVars", ("state1", "phys1", "state2", "phys2")),
     ("poolVars", ("free1", "free2", "deferred1", "deferred2")),
     ("memoryVars", ("tags1", "tags2", "nextVersion")),
-    ("extentVars", ("extents", "nextExtent")),
+    ("extentVars", ("extents", "nextExtent", "held")),
     ("batchVars", ("batches", "nextBatch")),
     ("transferVars", ("transfers", "inflight", "nextTransfer", "unreported")),
 )
 VARIABLES = tuple(v for _, group in GROUPS for v in group)
 
 
-def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str:
+def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch], held: dict[int, int]) -> str:
     """The model's state as the TLA+ value of `vars` of CacheRuntime.tla: a tuple of groups.
 
     `prepared` holds every batch of the epoch as it was prepared: the spec keeps a finished
@@ -255,6 +255,7 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch]) -> str
             for g in range(1, b.MaxExtents + 1)
         ),
         "nextExtent": st.next_extent,
+        "held": tuple(held.get(g, 0) for g in range(1, b.MaxExtents + 1)),  # the spec's ghost: control's own count
         "batches": f0(batches),
         "nextBatch": st.next_batch,
         "transfers": f0(transfers),
@@ -307,9 +308,14 @@ class TraceRecorder:
         )
         self.steps: list[Step] = []
         self.prepared: dict[int, Batch] = {}  # batch id -> its record as prepared, this epoch
+        #: References control holds by its own account of the calls that succeeded (extent
+        #: generation -> count): the spec's ghost `held`, kept apart from the model's refcounts.
+        self.held: dict[int, int] = {}
 
-    def _do(self, op: str, args: tuple, call, strict: bool = True):
-        """Run `call(model)`; keep the step if the model stays in bounds. Returns (ok, result)."""
+    def _do(self, op: str, args: tuple, call, strict: bool = True, account=None):
+        """Run `call(model)`; keep the step if the model stays in bounds. Returns (ok, result).
+
+        `account(result)` updates control's count of references once the call succeeded."""
         saved = copy.deepcopy(self.model.state)
         try:
             result = call(self.model)
@@ -324,7 +330,10 @@ class TraceRecorder:
         if ok:
             self.model.check_invariants()
             self.prepared.update(self.model.state.batches)
-        self.steps.append(Step(op, args, ok, project(self.model, self.bounds, self.prepared) if ok else None, note=repr(result)[:120]))
+            if account is not None:
+                account(result)
+        post = project(self.model, self.bounds, self.prepared, self.held) if ok else None
+        self.steps.append(Step(op, args, ok, post, note=repr(result)[:120]))
         return ok, result
 
     def _complete_first(self, transfer_ids) -> None:
@@ -370,17 +379,25 @@ class TraceRecorder:
     def cancel_batch(self, bh):
         return self._do("CancelBatch", (bref(bh),), lambda m: m.cancel_batch(bh))
 
+    def _count(self, generation: int, by: int) -> None:
+        self.held[generation] = self.held.get(generation, 0) + by
+
     def publish(self, h, first, count):
-        return self._do("Publish", (req(h), first, count), lambda m: m.publish(h, first, count))
+        return self._do("Publish", (req(h), first, count), lambda m: m.publish(h, first, count), account=lambda x: self._count(x.generation, 1))
 
     def split(self, x, at):
-        return self._do("Split", (xref(x), at), lambda m: m.split(x, at))
+        def account(halves) -> None:
+            self._count(x.generation, -1)
+            for half in halves:
+                self._count(half.generation, 1)
+
+        return self._do("Split", (xref(x), at), lambda m: m.split(x, at), account=account)
 
     def retain(self, x):
-        return self._do("Retain", (xref(x),), lambda m: m.retain(x))
+        return self._do("Retain", (xref(x),), lambda m: m.retain(x), account=lambda _: self._count(x.generation, 1))
 
     def release(self, x):
-        return self._do("Release", (xref(x),), lambda m: m.release(x))
+        return self._do("Release", (xref(x),), lambda m: m.release(x), account=lambda _: self._count(x.generation, -1))
 
     def submit(self, intents: tuple[TierIntent, ...]):
         """One intent is its own action (SubmitBackup, ...); two are `Submit(<<i, j>>)`."""
@@ -407,7 +424,7 @@ class TraceRecorder:
             self._complete_first([self.model.completable()[0]])
             if len(self.steps) == before:
                 return False, None
-        return self._do("Restart", (), lambda m: m.restart())
+        return self._do("Restart", (), lambda m: m.restart(), account=lambda _: self.held.clear())
 
     def complete_transfer(self, t):
         return self._do("CompleteTransfer", (t,), lambda m: m.complete_transfer(t))

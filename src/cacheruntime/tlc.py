@@ -11,7 +11,10 @@ SharedGPURuntime design test); its mutations then apply to that module.
 
 A model may also name actions that must be taken (`actions_taken`): TLC then runs with
 `-coverage` and the model fails unless each named action found at least one distinct
-state (how MCFaults.cfg shows that every failure action of the environment happens).
+state (how MCFaults.cfg shows that every failure action of the environment happens), and
+`actions_stepped` names actions that must take at least one step, new state or not
+(WaitCompletions only ever reaches states PollCompletions reaches too): together the CI models
+step every action of the spec's Next (a test holds them to it).
 
 Models are grouped: `ci` (the default run), `deep` (with `--deep`), `design` (with
 `--design`: the SharedGPURuntime design test, run in CI by tests/tla/test_shared.py), `trace` (the
@@ -20,7 +23,9 @@ trace check, `--model runtime-traces`: `cacheruntime check` runs it as its own s
 cacheruntime.runtimetrace). `--runtime-traces N` records N executions of a runtime
 (`--runtime MODULE:FACTORY`, default LocalGPURuntime) and checks them; `--record-to DIR`
 also writes them, `--record-only` skips the check (no Java needed), and `--traces-from DIR`
-checks traces written earlier (say, recorded on a GPU machine). The spec files are this checkout's,
+checks traces written earlier (say, recorded on a GPU machine). `--spec-mutants` weakens the spec
+itself, one guard or effect at a time, and prints which invariant kills each (cacheruntime.specmutants:
+the full table is slow; `--spec-mutants ci` runs the manifest's fixed subset). The spec files are this checkout's,
 `--repo DIR`'s, or the copy in the wheel (cacheruntime.specfiles).
 """
 
@@ -105,21 +110,46 @@ def parse_output(out: str, exit_code: int) -> tuple[str, int | None, int | None]
     return f"error:{first_error[:60]}", distinct, depth
 
 
-def action_coverage(out: str) -> dict[str, int]:
-    """Distinct states each action found, from TLC's `-coverage` report (`<Name line ...>: distinct:total`).
+def action_coverage(out: str, *, steps: bool = False, spec_text: str = "") -> dict[str, int]:
+    """Distinct states each action found (`steps`: steps it took), from TLC's `-coverage` report
+    (`<Name line ...>: distinct:total`).
 
     An action TLC reports more than once (one per disjunct of Next that names it) sums its counts.
+    TLC reports some disjuncts of Next as `Next` with the disjunct's place (`(L C L C)`); given the
+    spec's text, such a line counts for the action that the disjunct's line applies.
     """
+    lines = spec_text.splitlines()
     found: dict[str, int] = {}
-    for name, distinct in re.findall(r"^<(\w+) line [^>]*>: (\d+):\d+$", out, re.MULTILINE):
-        found[name] = found.get(name, 0) + int(distinct)
+    for name, place, distinct, total in re.findall(r"^<(\w+) line [^>(]*(?:\((\d+) [^)]*\))?>: (\d+):(\d+)$", out, re.MULTILINE):
+        if name == "Next" and place and int(place) <= len(lines):
+            m = _DISJUNCT.match(lines[int(place) - 1])
+            name = m.group(1) if m else name
+        found[name] = found.get(name, 0) + int(total if steps else distinct)
     return found
 
 
-def untaken(model: dict, out: str) -> list[str]:
-    """The model's `actions_taken` that found no distinct state in this run."""
-    coverage = action_coverage(out)
-    return [name for name in model.get("actions_taken", []) if coverage.get(name, 0) == 0]
+#: A disjunct of Next and the action it applies (under quantifiers or a model bound).
+_DISJUNCT = re.compile(r"\s*\\/ (?:.*: |MaxSubmitIntents >= 2 /\\ .*: )?(\w+)(?:\(|$)")
+
+
+def next_actions(spec_text: str) -> list[str]:
+    """The actions of the spec's Next: the operator each of its disjuncts applies, in order."""
+    body = spec_text.split("\nNext ==\n", 1)[1].split("\n\n", 1)[0]
+    names = []
+    for line in body.splitlines():
+        m = _DISJUNCT.match(line)
+        if m and m.group(1) not in names:
+            names.append(m.group(1))
+    return names
+
+
+def untaken(model: dict, out: str, spec_text: str = "") -> list[str]:
+    """The model's `actions_taken` that found no distinct state in this run, and its
+    `actions_stepped` that took no step."""
+    coverage = action_coverage(out, spec_text=spec_text)
+    steps = action_coverage(out, steps=True, spec_text=spec_text)
+    missing = [name for name in model.get("actions_taken", []) if coverage.get(name, 0) == 0]
+    return missing + [name for name in model.get("actions_stepped", []) if steps.get(name, 0) == 0 and name not in missing]
 
 
 def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path = TLA_DIR, verbose: bool = False) -> Outcome:
@@ -158,14 +188,14 @@ def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path 
         ]
         if not model.get("check_deadlock", False):
             cmd.append("-deadlock")
-        if model.get("actions_taken"):
+        if model.get("actions_taken") or model.get("actions_stepped"):
             cmd += ["-coverage", "60"]  # reported once, at the end, for runs under an hour
         cmd.append(module)
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     seconds = time.monotonic() - started
     got, distinct, depth = parse_output(out, proc.returncode)
-    missing = untaken(model, out) if got == "pass" else []
+    missing = untaken(model, out, spec_text) if got == "pass" else []
     if missing:
         got = f"error:never taken: {', '.join(missing)}"
     if verbose or (got != expected):
@@ -248,6 +278,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manifest", type=input_file, default=None, help="the manifest (default: tla/manifest.json of the spec files)")
     parser.add_argument("--list", action="store_true", help="list the manifest's models and exit")
     parser.add_argument("--verbose", action="store_true", help="print TLC's output for every model")
+    parser.add_argument(
+        "--spec-mutants",
+        nargs="?",
+        const="all",
+        metavar="WHICH",
+        help="run the spec's guard and effect mutants on tla/MCMutants.cfg and print the kill table "
+        "(all, the default: every mutant, slow; ci: the manifest's fixed subset; or a comma-separated "
+        "list of mutant ids and definition names, e.g. Split,Release.e2)",
+    )
+    parser.add_argument("--jobs", type=positive_int, default=1, help="spec mutants checked at once, each with --workers (default 1)")
     runtimetrace.add_arguments(parser)
 
 
@@ -258,6 +298,18 @@ def main(args: argparse.Namespace) -> int:
         for m in manifest["models"]:
             print(f"{m['name']:28} {m.get('group', 'ci'):6} {expected_label(m):28} {m.get('distinct_states', '-')}")
         return 0
+    if args.spec_mutants is not None:
+        if args.model or args.deep or args.runtime_traces is not None or args.traces_from is not None:
+            print("cacheruntime tlc: error: --spec-mutants runs alone, without --model, --deep or trace options", file=sys.stderr)
+            return 2
+        try:
+            jar, java = find_jar(), find_java()
+        except ToolMissing as error:
+            print(error, file=sys.stderr)
+            return 2
+        from cacheruntime import specmutants
+
+        return specmutants.run_cli(manifest, manifest_path.parent, subset=args.spec_mutants, java=java, jar=jar, workers=args.workers, jobs=args.jobs)
     wrong = runtimetrace.usage_error(args)
     if wrong:
         print(f"cacheruntime tlc: error: {wrong} (see cacheruntime tlc --help)", file=sys.stderr)

@@ -176,3 +176,14 @@ class Transfers(Pages):
         done = tuple(sorted(self.state.unreported, key=lambda c: c.ticket.transfer_id))
         self.state.unreported = []
         return done
+
+
+def T1_completions_sound(transfers: dict[int, Transfer], unreported: list[TransferCompletion], next_transfer: int) -> list[str]:
+    """Completions not yet reported name transfers started in this epoch that left the streams,
+    each once; every transfer in flight was started (T1, spec/invariants.md)."""
+    ids = [c.ticket.transfer_id for c in unreported]
+    out = [f"completion of transfer {t} never started" for t in ids if t >= next_transfer]
+    out += [f"completion of transfer {t} while it is in flight" for t in ids if t in transfers]
+    out += [f"transfer {t} reported {ids.count(t)} times" for t in sorted(set(ids)) if ids.count(t) > 1]
+    out += [f"transfer {t} in flight but never started" for t in transfers if t >= next_transfer]
+    return out

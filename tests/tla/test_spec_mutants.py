@@ -1,0 +1,109 @@
+"""The spec's own mutants (cacheruntime.specmutants): how they are generated, and the CI subset.
+
+The generation tests need no Java. The subset runs TLC on tla/MCMutants.cfg for the mutants
+the manifest's `spec_mutants.ci` names and expects each verdict it pins (see tla/README.md for
+the seconds it adds; the full table is `cacheruntime tlc --spec-mutants`, a slow command).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cacheruntime import specmutants, tlc
+
+SPEC = (tlc.TLA_DIR / "CacheRuntime.tla").read_text()
+MANIFEST = tlc.load_manifest()
+MUTANTS = specmutants.generate(SPEC)
+BY_ID = {m.ident: m for m in MUTANTS}
+
+
+def test_every_action_of_next_has_guard_and_effect_mutants():
+    actions = tlc.next_actions(SPEC)
+    kinds = {(m.definition, m.kind) for m in MUTANTS}
+    for action in actions:
+        assert any(d == action for d, _ in kinds), f"{action} has no mutant"
+    for name in ("CloseRequest", "Publish", "Split", "Retain", "Release", "Restart", "CancelBatch"):
+        assert (name, "guard") in kinds or name == "Restart"
+        assert (name, "effect") in kinds
+
+
+def test_mutants_are_one_conjunct_each_and_apply_cleanly():
+    idents = [m.ident for m in MUTANTS]
+    assert len(idents) == len(set(idents))
+    for m in MUTANTS:
+        mutated = m.apply(SPEC)
+        assert mutated != SPEC
+        assert len(mutated.splitlines()) == len(SPEC.splitlines()) - m.original.count("\n")
+
+
+def test_guards_become_true_and_effects_leave_their_variable_alone():
+    assert BY_ID["CloseRequest.g3"].original == "~InPrepared(h.slotId)"
+    assert BY_ID["CloseRequest.g3"].replacement == "TRUE"
+    retain = next(m for m in MUTANTS if m.definition == "Retain" and m.kind == "effect")
+    assert retain.replacement == "extents' = extents"
+    drop = next(m for m in MUTANTS if m.definition == "CloseRequest" and m.original.startswith("DropHolders"))
+    assert drop.replacement.startswith("UNCHANGED <<") and "holders" in drop.replacement
+    # one-line conjunctions are split into their terms
+    assert {BY_ID[f"Publish.g{i}"].original for i in (3, 4, 5)} == {"count >= 1", "first >= 0", "first + count <= numTokens[h.slotId]"}
+
+
+def test_model_bounds_and_ghosts_are_not_protocol():
+    bounds = [m for m in MUTANTS if m.bound]
+    assert bounds and all("model bound" in m.comment for m in bounds)
+    assert not any("held'" in m.original for m in MUTANTS), "the ghost's updates are not mutated"
+
+
+def test_the_ci_subset_names_generated_mutants_of_every_kind():
+    ci = MANIFEST["spec_mutants"]["ci"]
+    assert set(ci) <= set(BY_ID)
+    assert {BY_ID[i].kind for i in ci} == {"guard", "effect", "altered"}
+    assert all(v.startswith("killed:") for v in ci.values()), "each CI mutant is killed by a named invariant"
+
+
+def test_a_redundant_verdict_needs_the_same_count_and_a_reason():
+    guard = BY_ID["CloseRequest.g3"]
+    same = specmutants.Result(guard, "pass", 100, 1.0)
+    assert same.verdict(100) == "SURVIVES"  # no reason beside the guard
+    reasoned = specmutants.Mutant(**{**guard.__dict__, "comment": "redundant: implied by X"})
+    assert specmutants.Result(reasoned, "pass", 100, 1.0).verdict(100) == "redundant"
+    assert specmutants.Result(reasoned, "pass", 101, 1.0).verdict(100) == "SURVIVES"
+    assert specmutants.Result(guard, "error:Error: TLC threw", None, 1.0).verdict(100) == "error"
+    assert specmutants.Result(guard, "violation:H1", 5, 1.0).verdict(100) == "killed"
+
+
+try:
+    JAVA, JAR = tlc.find_java(), tlc.find_jar()
+except tlc.ToolMissing as missing:  # pragma: no cover - depends on the machine
+    JAVA = JAR = None
+    WHY = str(missing)
+
+
+@pytest.mark.skipif(JAVA is None, reason="needs Java and tla2tools.jar")
+def test_the_ci_subset_gets_the_pinned_verdicts(capsys):
+    code = specmutants.run_cli(MANIFEST, tlc.TLA_DIR, subset="ci", java=JAVA, jar=JAR, workers=1, jobs=2)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "DIFFERS" not in out
+
+
+def test_the_ci_models_step_every_action_of_next():
+    """Together the CI models take every action of Next at least once (TLC's coverage, checked
+    by `cacheruntime tlc` for each model's `actions_stepped`)."""
+    stepped = set()
+    for m in MANIFEST["models"]:
+        if m.get("group", "ci") == "ci" and m["expect"] == "pass":
+            stepped |= set(m.get("actions_stepped", ()))
+    assert stepped == set(tlc.next_actions(SPEC))
+
+
+def test_an_unknown_mutant_name_is_a_one_line_error(capsys):
+    code = specmutants.run_cli(MANIFEST, tlc.TLA_DIR, subset="NoSuchAction,Split.g99", java="java", jar=tlc.TLA_DIR, workers=1, jobs=1)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "NoSuchAction" in err and "Split.g99" in err
+
+
+def test_a_name_selects_a_definitions_mutants():
+    split = [m for m in MUTANTS if m.definition == "Split"]
+    assert split and all(m.ident.startswith("Split.") for m in split)
+    assert MANIFEST["spec_mutants"]["models"]["Split"]["config"] == "MCSplit.cfg"

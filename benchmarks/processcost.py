@@ -194,6 +194,11 @@ def interference(args: Any, device: torch.device, rows: list[Row], guard: Any) -
                     seconds["quiet"] += _mean_seconds(step, per_block)
                     before = matcher.matched
                     matcher.running.set()
+                    # the thread must be matching when the window opens, not still waking up (on a
+                    # loaded machine a short window could otherwise close before it ran at all)
+                    while matcher.matched == before:
+                        matcher.check()
+                        time.sleep(0.0005)
                     busy = _mean_seconds(step, per_block)
                     matcher.running.clear()
                     seconds["busy"] += busy

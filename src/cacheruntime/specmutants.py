@@ -336,7 +336,9 @@ def run_tlc(spec_text: str, config: Path, *, java: str, jar: Path, workers: int)
         work = Path(tmp)
         (work / "CacheRuntime.tla").write_text(spec_text)
         (work / "MC.cfg").write_text(config.read_text())
-        cmd = [java, "-XX:+UseParallelGC", "-Xss16m", "-cp", str(jar), "tlc2.TLC", "-workers", str(workers)]
+        # its own java.io.tmpdir: TLCs started together otherwise share the folder SANY unpacks the
+        # standard modules into, and one read a half-written module (a "Module-Table lookup" error)
+        cmd = [java, "-XX:+UseParallelGC", "-Xss16m", f"-Djava.io.tmpdir={work}", "-cp", str(jar), "tlc2.TLC", "-workers", str(workers)]
         cmd += ["-metadir", str(work / "states"), "-deadlock", "-config", "MC.cfg", "CacheRuntime.tla"]
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     out = proc.stdout + proc.stderr

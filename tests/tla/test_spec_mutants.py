@@ -80,7 +80,7 @@ except tlc.ToolMissing as missing:  # pragma: no cover - depends on the machine
 
 @pytest.mark.skipif(JAVA is None, reason="needs Java and tla2tools.jar")
 def test_the_ci_subset_gets_the_pinned_verdicts(capsys):
-    code = specmutants.run_cli(MANIFEST, tlc.TLA_DIR, subset="ci", java=JAVA, jar=JAR, workers=1, jobs=2)
+    code = specmutants.run_cli(MANIFEST, tlc.TLA_DIR, subset="ci", java=JAVA, jar=JAR, workers=1, jobs=1)
     out = capsys.readouterr().out
     assert code == 0, out
     assert "DIFFERS" not in out

@@ -17,35 +17,14 @@ from typing import Any
 
 import zmq
 
+from cacheruntime.recording import BOUNDARY_OPERATIONS
 from cacheruntime.runtime.local import LocalGPURuntime
 from cacheruntime.runtime.process import wire
 
 #: What control may ask of the runtime process: the interface, and the test-only surfaces the
 #: runtime claims (INTROSPECTION, DELAY_KNOB, SCHEDULE_SEED, FAULT_INJECTION) with the main job's
 #: output check. Nothing else on the runtime object is reachable over the link.
-OPERATIONS = frozenset(
-    {
-        "info",
-        "open_request",
-        "close_request",
-        "prepare_batch",
-        "execute_batch",
-        "cancel_batch",
-        "publish",
-        "split",
-        "retain",
-        "release",
-        "submit",
-        "poll_completions",
-        "wait_completions",
-        "restart",
-        "probe",
-        "set_transfer_delay",
-        "set_schedule_seed",
-        "inject_fault",
-        "reference_next_token",
-    }
-)
+OPERATIONS = frozenset(BOUNDARY_OPERATIONS) | {"probe", "set_transfer_delay", "set_schedule_seed", "inject_fault", "reference_next_token"}
 
 
 def build(factory: str, options: dict[str, Any]) -> LocalGPURuntime:

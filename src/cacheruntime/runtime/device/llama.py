@@ -118,8 +118,9 @@ class LlamaRunner:
         compiled = runs_compiled(self.device, page_size, memory.l1.dtype)
         if self.graphs is not None and compiled and self.graphs.serves(items):
             return self.graphs.run(memory, table, items)
-        prefill = [i for i, (start, end) in enumerate(zip(items.starts, items.ends)) if end - start > 1]
-        if prefill and (compiled if self.gathered_prefill is None else self.gathered_prefill):
+        gathered = compiled if self.gathered_prefill is None else self.gathered_prefill
+        prefill = [i for i, (start, end) in enumerate(zip(items.starts, items.ends)) if end - start > 1] if gathered else []
+        if prefill:
             if len(prefill) == len(items):
                 return self._prefill(memory, table, items)
             decode = [i for i, (start, end) in enumerate(zip(items.starts, items.ends)) if end - start == 1]

@@ -98,6 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-context", type=int, help="context tokens per request before the timed steps (1024)")
     g.add_argument("--process-batches", type=_ints, help="batch sizes for the process section (1,16,64,256)")
     g.add_argument("--process-interference-batch", type=int, help="batch size of the process section's interference rows (16)")
+    g.add_argument("--process-model-config", help="Llama preset of the process section's real-model rows (llama3-8b)")
+    g.add_argument("--process-model-batches", type=_ints, help="decode batch sizes of the process section's real-model rows (16,64)")
+    g.add_argument("--process-model-context", type=int, help="context tokens per request in the real-model rows (2048)")
+    g.add_argument("--process-model-steps", type=int, help="timed decode steps per topology in the real-model ITL rows (60)")
+    g.add_argument("--process-model-idle-steps", type=int, help="decode steps per phase of the GPU idle rows (40)")
     g.add_argument("--cpu-page-size", type=int, help="page size for the cpu section (16)")
     g.add_argument("--model-config", help="Llama preset for the model section (llama3-8b)")
     g.add_argument("--model-batches", type=_ints, help="decode batch sizes for the model section (1,16,64,256)")
@@ -148,6 +153,11 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "cpu_steps": (300, 8, 16, 4),
     "process_batches": ([1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256], [1, 16, 64, 256]),
     "process_interference_batch": (16, 16, 16, 16),
+    "process_model_config": ("llama3-8b", "llama3-8b", "llama-small", "llama-small"),
+    "process_model_batches": ([16, 64], [16], [2], [2]),
+    "process_model_context": (2048, 2048, 32, 16),
+    "process_model_steps": (60, 20, 6, 3),
+    "process_model_idle_steps": (40, 10, 4, 2),
     "cpu_warmup": (4, 2, 2, 1),
     "cpu_context": (1024, 1024, 256, 32),
     "cpu_page_size": (16, 16, 16, 16),

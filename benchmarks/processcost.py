@@ -17,8 +17,9 @@ same steps without it (alternating blocks), and how many prefixes the matcher ma
 second meanwhile. This measures host time per step; the GPU's idle time between steps with
 CUDA events is not measured here.
 
-The rows carry no target: the issue's target (decode ITL with the real model, process over
-local <= 1.03) needs the model section's runner on the H200, not this bookkeeping-only step.
+These rows carry no target. The issue's target (decode ITL with the real model, process over
+local <= 1.03) and the GPU's idle time between steps with CUDA events, both ways, are the
+rows of `benchmarks.processmodel`, which this section runs last.
 
 Runs on CPU in CI-sized form and on CUDA unchanged (scripts/gpu_all.sh); the GPU machine
 needs the [process] extra's wheels (pyzmq) carried, as it has no package installs.
@@ -127,6 +128,9 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
             finally:
                 _close(runtimes)
     interference(args, device, rows, guard)
+    from benchmarks import processmodel  # it imports Matcher from here
+
+    processmodel.run(args, device, rows, guard)
 
 
 class Matcher(threading.Thread):

@@ -13,7 +13,10 @@
 # `e2e`: the multi-turn workload end to end on the real model) into $OUT/e2e (E2E=0 skips it).
 # The whole script is longer than one device call: run its parts in separate calls
 # (BENCH=0 MODEL=0 E2E=0 for the check alone, and so on), each into its own $OUT.
-# Options (environment): BENCH=0 skips the benchmark (the check alone fits one short call);
+# Options (environment): CHECK=0 skips the runtime check; BENCH=0 skips the benchmark (the check
+# alone fits one short call); PROCESS=0 skips ProcessGPURuntime's runs; DEEP_TOOLS=DIR runs the
+# deep TLC model on the machine's cores (scripts/gpu_tlc_deep.sh: DIR holds the carried JRE
+# package and tla2tools.jar) into $OUT/tlc_deep.log;
 # CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
 # this tree, in alternating processes (scripts/cpu_ab.py), on CPU and CUDA, into $OUT/cpu_ab_*.json.
 # ProcessGPURuntime (issue 20: the bench section `process`, the main job with --runtime process)
@@ -32,8 +35,11 @@ if [[ -n "${PROCESS_WHEELS:-}" ]]; then
   export PYTHONPATH="$wheels${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-OUT="$ROOT/check" bash scripts/gpu_check.sh >"$ROOT/gpu_check.log" 2>&1
-check=$?
+check=0
+if [[ "${CHECK:-1}" != 0 ]]; then
+  OUT="$ROOT/check" bash scripts/gpu_check.sh >"$ROOT/gpu_check.log" 2>&1
+  check=$?
+fi
 bench=0
 if [[ "${BENCH:-1}" != 0 ]]; then
   OUT="$ROOT/bench" bash scripts/gpu_bench.sh >"$ROOT/gpu_bench.log" 2>&1
@@ -41,7 +47,9 @@ if [[ "${BENCH:-1}" != 0 ]]; then
 fi
 process=0
 mkdir -p "$ROOT/process"
-if "$PYTHON" -c "import zmq" 2>/dev/null; then
+if [[ "${PROCESS:-1}" == 0 ]]; then
+  echo "skipped (PROCESS=0)" >"$ROOT/process/process_job.log"
+elif "$PYTHON" -c "import zmq" 2>/dev/null; then
   # The main job with the runtime (torch, CUDA) in a runtime process; control imports no torch.
   PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "import sys; from cacheruntime.cli import main; rc = main(['run', '--runtime', 'process', '--device', 'cuda', '--quiet']); print('control imported torch:', 'torch' in sys.modules); sys.exit(rc or ('torch' in sys.modules))" >"$ROOT/process/process_job.log" 2>&1
   process=$?
@@ -60,6 +68,11 @@ if [[ "${E2E:-1}" != 0 ]]; then
   OUT="$ROOT/e2e" bash scripts/gpu_e2e.sh >"$ROOT/gpu_e2e.log" 2>&1
   e2e=$?
 fi
+deep=0
+if [[ -n "${DEEP_TOOLS:-}" ]]; then
+  OUT="$ROOT" bash scripts/gpu_tlc_deep.sh >"$ROOT/gpu_tlc_deep.log" 2>&1
+  deep=$?
+fi
 if [[ -n "${CPU_AB_BASE:-}" ]]; then
   for device in cpu cuda; do
     "$PYTHON" scripts/cpu_ab.py --base "$CPU_AB_BASE" --new . --reps 7 --device $device --json "$ROOT/cpu_ab_$device.json" >>"$ROOT/cpu_ab.log" 2>&1 || bench=1
@@ -69,6 +82,6 @@ fi
 
 cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/e2e/e2e.json" "$ROOT/process/process-bench.json" "$ROOT/" 2>/dev/null
 tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model e2e process 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model" "$ROOT/e2e" "$ROOT/process"
-echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model, gpu_e2e exit $e2e, process job exit $process"
+echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model, gpu_e2e exit $e2e, process job exit $process, deep TLC exit $deep"
 tail -n 12 "$ROOT/summary.txt" 2>/dev/null
-[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 && $e2e -eq 0 && $process -eq 0 ]]
+[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 && $e2e -eq 0 && $process -eq 0 && $deep -eq 0 ]]

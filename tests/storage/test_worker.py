@@ -48,7 +48,7 @@ def test_poll_reports_every_completion_once_in_request_order(worker):
     done = worker.poll()
     assert [c.request for c in done] == requests
     assert [r.status for r in done[1].results] == [Status.REMOVED, Status.ABSENT]
-    assert done[0].bytes_moved == 0 and worker.poll() == ()
+    assert done[0].bytes_moved == PAGE and done[1].bytes_moved == 0 and worker.poll() == ()
 
 
 def test_a_failed_key_is_reported_with_its_error_and_the_rest_kept(faulty, worker):

@@ -118,7 +118,7 @@ class LocalMooncake:
             f"--default_kv_lease_ttl={self.lease_ms}",
         ]
         process = self._spawn("mooncake.cli", flags, log)
-        self._wait(process, log, "the master's /health", lambda: _http(self.admin_url + "/health") is not None)
+        self._wait("mooncake_master", process, log, "the master's /health", lambda: _http(self.admin_url + "/health") is not None)
 
     def _start_holder(self, attempt: int) -> None:
         log = self.workdir / f"holder-{attempt}.log"
@@ -131,7 +131,7 @@ class LocalMooncake:
             "--protocol=tcp",
         ]
         process = self._spawn("mooncake.cli_client", flags, log)
-        self._wait(process, log, "the holder's segment in the master's /metrics", self._segment_mounted)
+        self._wait("mooncake_client", process, log, "the holder's segment in the master's /metrics", self._segment_mounted)
 
     def _spawn(self, module: str, flags: list[str], log: Path) -> subprocess.Popen[bytes]:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -145,15 +145,15 @@ class LocalMooncake:
         found = _CAPACITY.search(metrics or "")
         return found is not None and float(found.group(1)) >= self.segment_bytes
 
-    def _wait(self, process: subprocess.Popen[bytes], log: Path, what: str, ready: Callable[[], bool]) -> None:
+    def _wait(self, name: str, process: subprocess.Popen[bytes], log: Path, what: str, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise MooncakeStartError(f"{process.args[2]} exited with {process.returncode} before {what} answered; log {log}:\n{_tail(log)}")
+                raise MooncakeStartError(f"{name} exited with {process.returncode} before {what} answered; log {log}:\n{_tail(log)}")
             if ready():
                 return
             time.sleep(_POLL_SECONDS)
-        raise MooncakeStartError(f"{process.args[2]} did not answer ({what}) within {READY_SECONDS}s; log {log}:\n{_tail(log)}")
+        raise MooncakeStartError(f"{name} did not answer ({what}) within {READY_SECONDS}s; log {log}:\n{_tail(log)}")
 
 
 def _http(url: str) -> str | None:

@@ -64,7 +64,11 @@ class FaultyStore:
             self._fail_at[op].add(n)
 
     def evict(self, keys: Sequence[str]) -> tuple[KeyResult, ...]:
-        """Remove the objects behind the caller's back (an eviction), ungated and never failed."""
+        """Remove the objects behind the caller's back (an eviction), ungated and never failed.
+
+        The inner store answers: over Mooncake an object read within its lease answers LEASED
+        and stays until the lease ends, so evict before a get, not after one.
+        """
         return self.inner.remove(keys)
 
     def put(self, keys: Sequence[str], sources: Sequence[Any]) -> tuple[KeyResult, ...]:

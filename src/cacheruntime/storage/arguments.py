@@ -57,3 +57,9 @@ def byte_views(keys: Sequence[str], buffers: Sequence[Any], *, writable: bool) -
             raise InvalidStoreArgument(f"the buffer for key {key!r} is empty; a page object has at least one byte")
         views.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
     return tuple(views)
+
+
+def lendable(view: memoryview) -> memoryview:
+    """The view itself, or a writable copy of a read-only one: a backend that takes a buffer by
+    address (Mooncake) or as a tensor (SGLang's) needs a writable one even to read from it."""
+    return view if not view.readonly else memoryview(bytearray(view))

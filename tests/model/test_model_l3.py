@@ -3,7 +3,8 @@ store's environment (objects removed, operations failing), and both host modes.
 
 Each precondition's typed error (and that it changes nothing), each effect, a miss, a store
 failure, and the staging rule of buffer_only mode (S1, S2), with every invariant checked after
-each step. Scenario 11 is `test_scenario_11_buffer_only_round_trip`.
+each step. Scenario 11 is replayed in
+tests/test_scenarios.py.
 """
 
 from __future__ import annotations
@@ -336,26 +337,3 @@ def test_the_l3_predicates_catch_their_violations():
     name = m.state.extents[x.generation].pages[0]
     m.state.pages[name].copies[Tier.L2] = Copy(m.state.pools[Tier.L2].free.pop(0), CopyState.VALID)
     assert S1_host_pages_only_stage(m.probe())
-
-
-def test_scenario_11_buffer_only_round_trip():
-    """A page run goes GPU -> pinned staging -> L3 and back; staging is reused only after the store
-    write and the device write complete; a store failure leaves the L1 copy intact, typed."""
-    m = l3_model(BUFFER_ONLY, l2_pages=2)
-    h, x = extent(m, 2)
-    (failed,) = m.submit((Persist(x, keys("k", 2)),))
-    m.fail_transfer(failed.transfer_id)
-    assert m.poll_completions()[0].failure is TransferFailure.STORE
-    assert all(p.l1 is CopyState.VALID for p in m.probe().pages) and not m.probe().objects
-    m.submit((Persist(x, keys("k", 2)),))
-    assert free(m, Tier.L2) == 0  # staging busy until the store write lands
-    m.wait_completions()
-    m.close_request(h)
-    m.release(x)
-    assert not m.probe().pages and free(m, Tier.L2) == 2
-    h2 = m.open_request()
-    batch = m.prepare_batch(plan(item(h2, 1), intents=(Fetch(h2, keys("k", 2)),)))
-    assert free(m, Tier.L2) == 0  # staging busy until the device write lands
-    m.execute_batch(batch)
-    assert free(m, Tier.L2) == 2 and S1_host_pages_only_stage(m.probe()) == []
-    m.check_invariants()

@@ -9,12 +9,17 @@ tests/test_scenarios.py.
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 from modelkit import PS, compute, extent, fails, free, item, new_model, plan
 
-from cacheruntime.invariants import S1_host_pages_only_stage, S2_staging_held_until_done, S3_objects_match_pages
+from cacheruntime.invariants import H1_failed_call_changes_nothing, S1_host_pages_only_stage, S2_staging_held_until_done, S3_objects_match_pages
 from cacheruntime.protocol import (
     Backup,
+    CacheExtentRef,
+    CacheRuntimeError,
     Capability,
     ComputeFailed,
     CopyState,
@@ -29,9 +34,11 @@ from cacheruntime.protocol import (
     NotBackedUp,
     OutOfPages,
     Persist,
+    PreparedBatchHandle,
     Restore,
     RowFull,
     Tier,
+    TransferCompletion,
     TransferFailure,
     TransferKind,
     tag_digest,
@@ -337,3 +344,107 @@ def test_the_l3_predicates_catch_their_violations():
     name = m.state.extents[x.generation].pages[0]
     m.state.pages[name].copies[Tier.L2] = Copy(m.state.pools[Tier.L2].free.pop(0), CopyState.VALID)
     assert S1_host_pages_only_stage(m.probe())
+
+
+# -- random walks ------------------------------------------------------------------------------
+
+
+def content_key(m, name) -> str:
+    """Control's key for a page: a digest of its content (here its versions), as a prefix hash is."""
+    return f"page-{tag_digest(tuple(m.state.pages[name].versions))}"
+
+
+def attempt(m, fn, *args):
+    """Call `fn`; a typed error is an allowed outcome that must change nothing (None is returned).
+    `ComputeFailed` is the one error that changes state (the batch fails, §4.5)."""
+    before = m.probe()
+    try:
+        return fn(*args)
+    except ComputeFailed:
+        return None
+    except CacheRuntimeError:
+        assert not H1_failed_call_changes_nothing(before, m.probe())
+        return None
+
+
+def random_step(m, rng: random.Random, mode: HostMode, known: list[str], persisting: dict[int, tuple[str, ...]]) -> tuple[TransferCompletion, ...]:
+    """One random call (or a few, for one of control's moves) or environment step; the
+    completions it reported. `known` is control's index of the keys it persisted (reported
+    landed; the store may have dropped any since), `persisting` its persists in flight."""
+    st = m.state
+    extents = [CacheExtentRef(m.runtime_id, st.epoch, g, e.runs) for g, e in st.extents.items()]
+    prepared = [PreparedBatchHandle(m.runtime_id, st.epoch, b) for b in st.batches]
+    choice = rng.choice((0, 1, 1, 2, 2, 2, 3, 3, 4, 5, 5, 5, 6, 7, 8, 8, 9))
+    if choice == 0:
+        h = attempt(m, m.open_request)
+        if h is not None:
+            batch = attempt(m, m.prepare_batch, plan(item(h, rng.randint(1, 2) * PS)))
+            done = batch and attempt(m, m.execute_batch, batch)
+            if done:
+                attempt(m, m.publish, h, 0, m.state.slots[h.slot_id].num_tokens // PS)
+            m.close_request(h)
+    elif choice == 1 and extents:
+        x = rng.choice(extents)
+        pages = m.state.extents[x.generation].pages
+        keys = tuple(content_key(m, p) for p in pages)
+        backed = all(Tier.L2 in m.state.pages[p].copies for p in pages)
+        if mode is RESIDENT and not backed and rng.random() < 0.8:
+            attempt(m, m.submit, (Backup(x),))  # resident: persist reads host copies, so back up first
+        else:
+            for ticket in attempt(m, m.submit, (Persist(x, keys),)) or ():
+                persisting[ticket.transfer_id] = keys
+    elif choice == 2 and known:
+        h = attempt(m, m.open_request)
+        if h is not None:
+            fetch = Fetch(h, tuple(rng.choice(known) for _ in range(rng.randint(1, 2))))
+            if attempt(m, m.prepare_batch, plan(item(h, 1), intents=(fetch,))) is None:
+                m.close_request(h)
+    elif choice == 3 and prepared:
+        batch = rng.choice(prepared)
+        (request,) = m.state.batches[batch.batch_id].requests
+        attempt(m, m.execute_batch if rng.random() < 0.7 else m.cancel_batch, batch)
+        m.close_request(request)
+    elif choice == 4 and extents:
+        attempt(m, m.release, rng.choice(extents))
+    elif choice in (5, 6) and m.completable():
+        transfer = rng.choice(m.completable())
+        m.fail_transfer(transfer) if choice == 6 else m.complete_transfer(transfer)
+    elif choice == 7 and m.state.objects:
+        m.remove_object(rng.choice(sorted(m.state.objects)))
+    elif choice == 8 and rng.random() < 0.8:
+        reported = m.poll_completions()
+        for c in reported:
+            keys = persisting.pop(c.ticket.transfer_id, ())
+            if c.failure is None:
+                known.extend(keys)
+        m.check_invariants()
+        return reported
+    elif choice == 8:
+        m.restart()
+        persisting.clear()  # transfer ids start over; the store keeps what landed
+    elif choice == 9 and mode is RESIDENT and extents:
+        attempt(m, m.submit, (rng.choice((Backup, Demote, Restore))(rng.choice(extents)),))
+    m.check_invariants()
+    return ()
+
+
+@pytest.mark.parametrize("mode", [RESIDENT, BUFFER_ONLY])
+def test_random_walks_keep_every_invariant(mode):
+    """Seeded walks of L3 calls and store events: every invariant, S1-S3 included, after each step;
+    the walks reach every outcome of both L3 transfers."""
+    outcomes: Counter = Counter()
+    for seed in range(40):
+        rng = random.Random(seed)
+        m = l3_model(mode, l1_pages=12, l2_pages=4, max_requests=4)
+        known: list[str] = []
+        persisting: dict[int, tuple[str, ...]] = {}
+        for _ in range(80):
+            outcomes.update((c.ticket.kind, c.failure) for c in random_step(m, rng, mode, known, persisting))
+    for kind, failure in (
+        (TransferKind.PERSIST, None),
+        (TransferKind.PERSIST, TransferFailure.STORE),
+        (TransferKind.FETCH, None),
+        (TransferKind.FETCH, TransferFailure.MISS),
+        (TransferKind.FETCH, TransferFailure.STORE),
+    ):
+        assert outcomes[kind, failure] >= 3, (kind, failure, outcomes)

@@ -150,7 +150,7 @@ class TransferTicket:
     epoch: int
     transfer_id: int
     kind: TransferKind
-    extent_generation: int
+    extent_generation: int  # the extent moved; 0 for a fetch, which fills a row (spec/protocol.md §9.4)
     page_count: int  # pages the transfer actually moves (0 if nothing needed moving)
 
 

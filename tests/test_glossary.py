@@ -89,6 +89,7 @@ class Transfer:
     waits_for: set
     ticket: object
     touched: frozenset
+    keys: tuple
 
 
 @dataclass
@@ -111,6 +112,8 @@ class State:
     lost: bool
     faults: tuple
     doomed: frozenset
+    objects: dict
+    keys: dict
 
     def states(self):
         return (CopyState.ABSENT, CopyState.FILLING, CopyState.VALID, CopyState.DROPPING, Tier.L1,
@@ -119,13 +122,19 @@ class State:
 
 FINISHED_BATCHES_KEPT = 256
 vocab_size = 97
+NO_STAGING = -1
+L3_KINDS = HostMode = None
 '''
+
+#: The ledger has no L3 tier yet (the glossary's runtime cells say `n/a: planned`).
+LEDGER_RECORDS = RECORDS.replace("    keys: tuple\n", "").replace("    objects: dict\n    keys: dict\n", "")
 
 OPERATIONS = (
     "open_request close_request prepare_batch execute_batch cancel_batch publish split retain release submit "
     "poll_completions wait_completions restart complete_transfer close_slot check_origin check_generation "
     "drop_holder free_phys take_phys new_pages new_extent start_transfer await_restores report unreserve fail_batches "
-    "fail_transfer lose drop_or_keep_until_landed keep_dropping has_copy count_toward_fault"
+    "fail_transfer lose drop_or_keep_until_landed keep_dropping has_copy count_toward_fault "
+    "start_l3_transfer start_persist fetch_into_row complete_l3 fail_l3 l3_exists remove_object"
 ).split()
 
 
@@ -134,9 +143,9 @@ def _tree(tmp_path: Path) -> Path:
     for part in ("spec", "tla"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("states"))
     operations = "\n".join(f"def {name}(state):\n    return state\n\n" for name in OPERATIONS)
-    for package in ("src/cacheruntime/model", "src/cacheruntime/runtime/ledger"):
+    for package, records in (("src/cacheruntime/model", RECORDS), ("src/cacheruntime/runtime/ledger", LEDGER_RECORDS)):
         (tmp_path / package).mkdir(parents=True)
-        (tmp_path / package / "records.py").write_text(RECORDS)
+        (tmp_path / package / "records.py").write_text(records)
         (tmp_path / package / "sections.py").write_text(operations)
     return tmp_path
 
@@ -166,11 +175,15 @@ def test_every_row_names_something_or_says_why_not():
     for row in rows:
         for column in glossary.COLUMNS:
             assert row.names(column) or row.cells[column].startswith("n/a"), (row.line, column)
+        if row.cells["runtime"].startswith("n/a: planned"):  # the L3 tier, until the runtime integrates it (issue 21)
+            assert row.names("model"), f"line {row.line}: a planned runtime name is the model's"
+            continue
         assert row.names("model") == row.names("runtime"), f"line {row.line}: model and ledger share every name"
 
 
 def test_a_name_missing_from_the_tla_module_is_reported(tree):
     _edit(tree / "tla" / "CacheRuntime.tla", "tags1", "c1")
+    _edit(tree / "tla" / "CacheRuntimeL3.tla", "tags1", "c1")  # the L3 module shares the name
     problems = glossary.check(tree)
     assert any("tags" in p and "TLA+" in p and "`tags1` not found in tla/CacheRuntime.tla" in p for p in problems), problems
 

@@ -23,11 +23,15 @@ from cacheruntime.protocol import (
     CopyState,
     Demote,
     ExtentInUse,
+    Fetch,
+    HostMode,
     OutOfOrder,
     OutOfPages,
+    Persist,
     Restore,
     StaleHandle,
     Tier,
+    TransferFailure,
     TransferKind,
     tag_digest,
 )
@@ -285,15 +289,33 @@ def test_scenario_10_double_release_after_split():
     m.check_invariants()
 
 
-def test_scenario_11_buffer_only_is_out_of_v1_scope():
-    """spec §7.11: no storage side in v1; the host tier is L2 only. The model claims no L3."""
-    m = ReferenceModel(page_size=PS)
-    info = m.info()
-    assert {t.name for t in Tier} == {"L1", "L2"}
-    assert {p.tier for p in m.probe().pools} == {Tier.L1, Tier.L2}
-    assert info.capabilities <= set(Capability)
-    assert not any("L3" in c.name or "STORAGE" in c.name or "BUFFER" in c.name for c in info.capabilities)
-    assert not hasattr(m, "store") and not hasattr(m, "load")
+def test_scenario_11_buffer_only_to_l3():
+    """spec §7.11: GPU -> pinned staging -> L3 and back, in buffer_only mode. Staging is reused only
+    after the store write and the device write complete (S2); a store failure is a typed completion
+    that leaves the device copy intact (F1); no host page holds a copy outside a transfer (S1)."""
+    m = ReferenceModel(page_size=PS, l3=True, host_mode=HostMode.BUFFER_ONLY, l2_pages=2)
+    assert Capability.L3 in m.info().capabilities and Capability.L2 not in m.info().capabilities
+    x = finished_extent(m, 2)
+    keys = ("prefix-hash-0", "prefix-hash-1")  # control's keys: a hash of the token prefix per page
+    (failed,) = m.submit((Persist(x, keys),))
+    m.fail_transfer(failed.transfer_id)
+    assert [c.failure for c in m.poll_completions()] == [TransferFailure.STORE]
+    assert all(p.l1 is CopyState.VALID for p in m.probe().pages) and not m.probe().objects
+    m.submit((Persist(x, keys),))
+    assert len(pool(m, Tier.L2).free) == 0  # both staging pages busy until the store write lands
+    fails(m, OutOfPages, m.submit, (Persist(x, keys),))
+    m.wait_completions()
+    assert len(pool(m, Tier.L2).free) == 2 and m.l3_exists(keys) == (True, True)
+    m.release(x)  # evicted from the GPU: the pages now live only in L3
+    assert not m.probe().pages
+    r = m.open_request()
+    batch = m.prepare_batch(BatchPlan((BatchItem(r, (7,)),), (Fetch(r, keys),)))
+    assert len(pool(m, Tier.L2).free) == 0  # staging busy until the device write lands
+    m.check_invariants()
+    done = m.execute_batch(batch)
+    assert done.items[0].num_tokens == 2 * PS + 1 and len(pool(m, Tier.L2).free) == 2
+    assert all(p.l2 is CopyState.ABSENT for p in m.probe().pages)
+    m.check_invariants()
 
 
 @pytest.mark.parametrize("requests,steps", [(1, 40), (16, 20), (256, 4)])

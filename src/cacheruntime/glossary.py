@@ -7,7 +7,7 @@ per concept and one column per artifact:
 | column | searched in | a name is found when |
 |---|---|---|
 | spec | `spec/protocol.md` | the word or phrase occurs as whole words (any case) |
-| TLA+ | `tla/CacheRuntime.tla` | the identifier occurs as a whole word; `var.field` also needs `.field` or `field \\|->` |
+| TLA+ | `tla/CacheRuntime.tla`, `tla/CacheRuntimeL3.tla` (the L3 tier) | the identifier occurs as a whole word; `var.field` also needs `.field` or `field \\|->` |
 | model | `src/cacheruntime/model/**/*.py` | see below |
 | runtime | `src/cacheruntime/runtime/local.py` (the boundary operations), `src/cacheruntime/runtime/ledger/**/*.py` | see below |
 
@@ -44,7 +44,7 @@ COLUMNS = ("spec", "TLA+", "model", "runtime")
 #: `specfiles.sources` finds in a checkout and in an installed wheel alike.
 SOURCES: dict[str, tuple[str, ...]] = {
     "spec": ("spec/protocol.md",),
-    "TLA+": ("tla/CacheRuntime.tla",),
+    "TLA+": ("tla/CacheRuntime.tla", "tla/CacheRuntimeL3.tla"),
     "model": ("model/**/*.py",),
     "runtime": ("runtime/local.py", "runtime/ledger/**/*.py"),
 }

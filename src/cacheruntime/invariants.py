@@ -147,12 +147,12 @@ def O1_rows_readable(state: AbstractState) -> Violations:
 
 
 def O2_backup_after_compute(state: AbstractState) -> Violations:
-    """An in-flight D2H only moves pages whose every token was written by completed compute."""
+    """An in-flight D2H (a backup, or a persist) only moves pages whose every token was written by completed compute."""
     pages = {p.page: p for p in state.pages}
     return [
-        f"backup {t.transfer_id}: page {name} is not fully written"
+        f"{t.kind.value} {t.transfer_id}: page {name} is not fully written"
         for t in state.transfers
-        if t.kind is TransferKind.BACKUP
+        if t.kind is TransferKind.BACKUP or t.kind is TransferKind.PERSIST
         for name in t.pages
         if name in pages and 0 in pages[name].versions
     ]
@@ -162,11 +162,20 @@ def O3_no_reuse_in_flight(state: AbstractState) -> Violations:
     """No physical page that an in-flight transfer reads or writes is on a free list."""
     out = []
     for t in state.transfers:
-        src_tier, dst_tier = (Tier.L1, Tier.L2) if t.kind is TransferKind.BACKUP else (Tier.L2, Tier.L1)
+        src_tier, dst_tier = _transfer_tiers(t)
         for tier, phys_pages in ((src_tier, t.sources), (dst_tier, t.destinations)):
             free = set(_pool(state, tier).free)
             out += [f"transfer {t.transfer_id}: {tier.value} page {p} is free" for p in phys_pages if p in free]
     return out
+
+
+def _transfer_tiers(t: protocol.TransferView) -> tuple[Tier, Tier]:
+    """The tiers of a transfer's sources and destinations (TransferView): a backup, and a persist
+    that stages (buffer_only), read the device and write host pages; every other transfer reads
+    host pages (a restore's host copy, a fetch's staging, a resident persist's host copy)."""
+    if t.kind is TransferKind.BACKUP or (t.kind is TransferKind.PERSIST and t.destinations):
+        return Tier.L1, Tier.L2
+    return Tier.L2, Tier.L1
 
 
 def O4_execute_once(before: AbstractState, after: AbstractState) -> Violations:
@@ -229,11 +238,14 @@ def D1_copies_hold_last_write(state: AbstractState) -> Violations:
 
 def F1_a_readable_copy_survives(state: AbstractState) -> Violations:
     """Every page name has a readable copy (valid or dropping) in some tier: no transfer, failed
-    or not, and no write-back leaves a page with only copies that are filling or gone."""
+    or not, and no write-back leaves a page with only copies that are filling or gone. The one
+    page that has none is a fetched page nothing was written to yet (its fetch in flight, or
+    failed: its batch fails and the page ends with it, §9.4)."""
+    keyed = dict(state.page_keys)
     return [
         f"page {page.page}: L1 copy {page.l1.value}, L2 copy {page.l2.value}; no readable copy"
         for page in state.pages
-        if not (page.l1.readable or page.l2.readable)
+        if not (page.l1.readable or page.l2.readable) and not (page.page in keyed and not any(page.versions))
     ]
 
 
@@ -271,14 +283,69 @@ def T2_filling_has_transfer(state: AbstractState) -> Violations:
     writes = {(t.kind, name, dst) for t in state.transfers for name, dst in zip(t.pages, t.destinations)}
     phys = {tier: _page_phys(state, tier) for tier in (Tier.L1, Tier.L2)}
     for page in state.pages:
-        for tier, copy, other, kind in (
-            (Tier.L1, page.l1, page.l2, TransferKind.RESTORE),
-            (Tier.L2, page.l2, page.l1, TransferKind.BACKUP),
+        for tier, copy, other, kinds in (
+            (Tier.L1, page.l1, page.l2, (TransferKind.RESTORE, TransferKind.FETCH)),
+            (Tier.L2, page.l2, page.l1, (TransferKind.BACKUP,)),
         ):
-            if copy is CopyState.FILLING and (kind, page.page, phys[tier].get(page.page)) not in writes:
-                out.append(f"page {page.page}: {tier.value} copy filling with no {kind.value} in flight writing it")
+            if copy is CopyState.FILLING and not any((kind, page.page, phys[tier].get(page.page)) in writes for kind in kinds):
+                out.append(f"page {page.page}: {tier.value} copy filling with no {' or '.join(k.value for k in kinds)} in flight writing it")
             if copy is CopyState.DROPPING and other is not CopyState.FILLING:
                 out.append(f"page {page.page}: {tier.value} copy dropping while the other tier's copy is {other.value}")
+    return out
+
+
+# -- L3 and host staging ------------------------------------------------------------------
+
+
+def _staging(t: protocol.TransferView) -> tuple[int, ...]:
+    """The host staging pages of an in-flight L3 transfer: a fetch's sources, a staged persist's destinations."""
+    if t.kind is TransferKind.FETCH:
+        return t.sources
+    if t.kind is TransferKind.PERSIST:
+        return t.destinations
+    return ()
+
+
+def S1_host_pages_only_stage(state: AbstractState) -> Violations:
+    """buffer_only: no host page holds a copy of a page outside a transfer in flight: no page name
+    has a host copy, and every host page in use is the staging of an in-flight L3 transfer."""
+    out = [f"page {page.page}: host copy {page.l2.value} in buffer_only mode" for page in state.pages if page.l2 is not CopyState.ABSENT]
+    host = _pool(state, Tier.L2)
+    staging = {p for t in state.transfers for p in _staging(t)}
+    out += [f"host page {phys} is mapped to page {name} in buffer_only mode" for phys, name in host.mapped]
+    out += [f"host page {phys} is in use but stages no transfer in flight" for phys in host.deferred if phys not in staging]
+    return out
+
+
+def S2_staging_held_until_done(state: AbstractState) -> Violations:
+    """A staging host page is reused only after its store write (persist) or device write (fetch)
+    completed: while its transfer is in flight it is neither free nor another page's copy."""
+    host = _pool(state, Tier.L2)
+    free, mapped = set(host.free), {phys for phys, _ in host.mapped}
+    out = []
+    for t in state.transfers:
+        for phys in _staging(t):
+            if phys in free:
+                out.append(f"{t.kind.value} {t.transfer_id}: its staging host page {phys} is free")
+            if phys in mapped:
+                out.append(f"{t.kind.value} {t.transfer_id}: its staging host page {phys} holds a page's copy")
+    return out
+
+
+def S3_objects_match_pages(state: AbstractState) -> Violations:
+    """A page and the L3 object under its key hold the same bytes: a persist writes the page's
+    tags, a fetch that lands gives the page its object's tags (and one whose object is gone
+    misses, never lands), at every position written."""
+    objects = {o.key: o.tags for o in state.objects}
+    pages = {p.page: p for p in state.pages}
+    out = []
+    for name, key in state.page_keys:
+        page = pages.get(name)
+        if page is None or key not in objects or not any(page.versions):
+            continue
+        bad = [i for i, v in enumerate(page.versions) if v and objects[key][i] != v]
+        if bad:
+            out.append(f"page {name}: object {key!r} holds {[objects[key][i] for i in bad]} at positions {bad}, the page {[page.versions[i] for i in bad]}")
     return out
 
 
@@ -293,6 +360,8 @@ STATE_INVARIANTS: dict[str, Callable[[AbstractState], Violations]] = {
     "O3": O3_no_reuse_in_flight,
     "D1": D1_copies_hold_last_write,
     "F1": F1_a_readable_copy_survives,
+    "S2": S2_staging_held_until_done,
+    "S3": S3_objects_match_pages,
 }
 
 #: Every predicate that reads the states before and after one call, by catalogue id.

@@ -48,6 +48,20 @@ class Capability(enum.Enum):
     TAGGED_COMPUTE = "tagged_compute"  # compute writes version tags; next_token = tag_digest
     SCHEDULE_SEED = "schedule_seed"  # set_schedule_seed() picks the interleaving of copies, compute, completions
     FAULT_INJECTION = "fault_injection"  # inject_fault() makes the Nth transfer of a kind, or compute, fail
+    L3 = "l3"  # a store of page objects keyed by control: persist, fetch, l3_exists (spec/protocol.md §9)
+
+
+class HostMode(enum.Enum):
+    """What the pinned host pool is for (spec/protocol.md §9.1).
+
+    `RESIDENT`: host pages are a cache tier (L2, the `L2` capability) and L3 persists from
+    host copies. `BUFFER_ONLY`: host pages are staging only, between the device and L3; no
+    host page holds a copy outside a transfer in flight (S1), so the L2 tier intents are
+    `NoL2`. SGLang's `--hicache-host-memory-mode`.
+    """
+
+    RESIDENT = "resident"
+    BUFFER_ONLY = "buffer_only"
 
 
 @attrs.frozen
@@ -136,7 +150,7 @@ class TransferTicket:
     epoch: int
     transfer_id: int
     kind: TransferKind
-    extent_generation: int
+    extent_generation: int  # the extent moved; 0 for a fetch, which fills a row (spec/protocol.md §9.4)
     page_count: int  # pages the transfer actually moves (0 if nothing needed moving)
 
 
@@ -145,6 +159,8 @@ class TransferKind(enum.Enum):
 
     BACKUP = "backup"  # L1 -> L2 (D2H)
     RESTORE = "restore"  # L2 -> L1 (H2D)
+    PERSIST = "persist"  # a host copy (resident) or L1 through host staging (buffer_only) -> L3
+    FETCH = "fetch"  # L3 -> host staging -> L1, into a plan's row
 
     __hash__ = object.__hash__  # as for Tier: tickets and the runtime's tables hash it often
 
@@ -205,8 +221,29 @@ class Close:
     request: RequestRuntimeHandle
 
 
+@attrs.frozen
+class Persist:
+    """Write each page of the extent to L3 as an object under control's key for it (`keys[i]` for
+    the extent's i-th page, a hash of the token prefix up to that page): from its host copy
+    (resident) or from its device copy through host staging (buffer_only). The runtime never
+    invents a key; an object already under a key is replaced."""
+
+    extent: CacheExtentRef
+    keys: tuple[str, ...]
+
+
+@attrs.frozen
+class Fetch:
+    """Read the objects under `keys` from L3 into new pages of `request`'s row, after the extents
+    its item attaches and before its new tokens, through host staging; starts at
+    `prepare_batch` as a Restore does, and the batch's compute waits for it (KV_READY)."""
+
+    request: RequestRuntimeHandle
+    keys: tuple[str, ...]
+
+
 TierIntent = Backup | Restore | Demote | Drop
-Intent = Backup | Restore | Demote | Drop | Release | Publish | Close
+Intent = Backup | Restore | Demote | Drop | Release | Publish | Close | Persist | Fetch
 
 
 # --------------------------------------------------------------------------------------
@@ -262,13 +299,15 @@ class BatchCompletion:
     batch: PreparedBatchHandle
     items: tuple[ItemResult, ...]
     published: tuple[CacheExtentRef, ...]  # one per Publish intent, in plan order
-    tickets: tuple[TransferTicket, ...]  # one per Backup intent, in plan order
+    tickets: tuple[TransferTicket, ...]  # one per Backup and Persist intent, in plan order
 
 
 class TransferFailure(enum.Enum):
     """Why a transfer failed (spec/protocol.md §5.3): its destination copies are not valid, its sources intact."""
 
     COPY = "copy"  # the copy itself failed (at issue or on its stream)
+    STORE = "store"  # an L3 transfer's store write or read (or its staging copy) failed: nothing is lost
+    MISS = "miss"  # a fetch found no object under one of its keys (existence is a hint, §9.4)
 
 
 @attrs.frozen
@@ -429,6 +468,12 @@ class NoL2(CacheRuntimeError):
     fix = "check RuntimeInfo.capabilities before asking for tier moves"
 
 
+class NoL3(CacheRuntimeError):
+    """A Persist, Fetch or `l3_exists` on a runtime without the L3 capability."""
+
+    fix = "check RuntimeInfo.capabilities for L3 before naming L3 objects"
+
+
 class ComputeFailed(CacheRuntimeError):
     """The compute of an executing batch failed: the batch, and every later prepared batch that
     shares a request with it, are `failed` and have no visible effect (spec/protocol.md §4.5).
@@ -567,8 +612,19 @@ class TransferView:
     transfer_id: int
     kind: TransferKind
     pages: tuple[int, ...]
-    sources: tuple[int, ...]  # physical pages read (L1 for a backup, L2 for a restore)
-    destinations: tuple[int, ...]  # physical pages written
+    #: Physical pages read and written: a backup L1 -> L2, a restore L2 -> L1; a persist reads
+    #: host copies (L2, no destinations) in resident mode, or device copies into host staging
+    #: (L1 -> L2) in buffer_only mode; a fetch writes host staging and then device pages (L2 -> L1).
+    sources: tuple[int, ...]
+    destinations: tuple[int, ...]
+
+
+@attrs.frozen
+class ObjectView:
+    """An object of the L3 store: control's key and the version tags its bytes hold."""
+
+    key: str
+    tags: tuple[int, ...]
 
 
 @attrs.frozen
@@ -584,6 +640,10 @@ class AbstractState:
     batches: tuple[BatchView, ...]
     transfers: tuple[TransferView, ...]
     boundary_calls: tuple[tuple[str, int], ...]  # (operation, count) since the epoch began
+    #: L3 (a runtime that claims it): the objects of the store, and per page name the key control
+    #: gave it in a Persist or Fetch (both empty without L3, so earlier states compare as before)
+    objects: tuple[ObjectView, ...] = ()
+    page_keys: tuple[tuple[int, str], ...] = ()
 
 
 #: Every `tag_digest` is below this (a Mersenne prime): a TAGGED_COMPUTE runtime's tokens are.
@@ -643,6 +703,14 @@ class RuntimeInterface(Protocol):
     def wait_completions(self) -> tuple[TransferCompletion, ...]: ...
 
     def restart(self) -> RuntimeInfo: ...
+
+
+@runtime_checkable
+class L3Interface(Protocol):
+    """The operation a runtime that claims L3 adds to `RuntimeInterface` (Persist and Fetch ride
+    in plans and `submit`)."""
+
+    def l3_exists(self, keys: tuple[str, ...]) -> tuple[bool, ...]: ...
 
 
 @runtime_checkable

@@ -19,8 +19,10 @@ from cacheruntime.protocol import (
     Close,
     Demote,
     Drop,
+    Fetch,
     InvalidArgument,
     PageRun,
+    Persist,
     PreparedBatchHandle,
     Publish,
     Release,
@@ -28,7 +30,7 @@ from cacheruntime.protocol import (
     Restore,
 )
 
-_EXTENT_INTENTS = (Backup, Restore, Demote, Drop, Release)
+_EXTENT_INTENTS = (Backup, Restore, Demote, Drop, Release, Persist)
 
 
 def shown(value: object) -> str:
@@ -53,6 +55,16 @@ def require_sequence(what: str, value: object) -> tuple[Any, ...] | list[Any]:
     if not isinstance(value, (tuple, list)):
         raise InvalidArgument(f"{what} must be a tuple, got {shown(value)} (use () for none)")
     return value
+
+
+def check_keys(what: str, keys: object) -> None:
+    """L3 keys: a non-empty tuple of non-empty strings (control's, one per page)."""
+    seq = require_sequence(what, keys)
+    if not seq:
+        raise InvalidArgument(f"{what} must name at least one key")
+    for key in seq:
+        if type(key) is not str or not key:
+            raise InvalidArgument(f"an L3 key in {what} must be a non-empty str, got {shown(key)}")
 
 
 def check_request_fields(request: object) -> None:
@@ -90,6 +102,11 @@ def check_intent_fields(intent: object) -> None:
     """The fields of one intent (an object that is no intent is left to `InvalidPlan`)."""
     if isinstance(intent, _EXTENT_INTENTS):
         check_extent_fields(intent.extent)
+        if isinstance(intent, Persist):
+            check_keys("Persist.keys", intent.keys)
+    elif isinstance(intent, Fetch):
+        check_request_fields(intent.request)
+        check_keys("Fetch.keys", intent.keys)
     elif isinstance(intent, Publish):
         check_request_fields(intent.request)
         require_int("Publish.first_page", intent.first_page)

@@ -21,6 +21,7 @@ from cacheruntime.protocol import (
     BatchState,
     CacheExtentRef,
     FaultKind,
+    Fetch,
     InvalidPlan,
     ItemResult,
     NotPrepared,
@@ -69,6 +70,14 @@ class Batches(Extents):
         slots = [item.request.slot_id for item in plan.items]
         if len(set(slots)) != len(slots):
             raise InvalidPlan("a request appears twice in the plan")
+        fetches: dict[int, tuple[str, ...]] = {}
+        for intent in plan.intents:
+            if isinstance(intent, Fetch):
+                if intent.request.slot_id not in slots:
+                    raise InvalidPlan(f"Fetch into slot {intent.request.slot_id}, which has no item in the plan: a fetch fills the row of an item")
+                if intent.request.slot_id in fetches:
+                    raise InvalidPlan(f"two Fetch intents for slot {intent.request.slot_id}: name every key in one")
+                fetches[intent.request.slot_id] = tuple(intent.keys)
         batch_id = st.next_batch
         start_tokens: list[int] = []
         start_pages: list[int] = []
@@ -84,15 +93,16 @@ class Batches(Extents):
             slot = st.slots[item.request.slot_id]
             if item.new_tokens < 1:
                 raise InvalidPlan(f"slot {item.request.slot_id}: an item must compute at least one token")
-            if item.attach and slot.reserved_tokens:
-                raise InvalidPlan(f"slot {item.request.slot_id}: attach is only allowed on an empty row")
+            fetched = len(fetches.get(item.request.slot_id, ()))
+            if (item.attach or fetched) and slot.reserved_tokens:
+                raise InvalidPlan(f"slot {item.request.slot_id}: attach and fetch are only allowed on an empty row")
             if item.append_previous_output and slot.produced <= slot.appended:
                 raise RequestBusy(f"slot {item.request.slot_id}: no previous output to append")
             attached = [p for extent in item.attach for p in st.extents[extent.generation].pages]
             for page in attached:
                 if not self.has_copy(page, Tier.L1) and page not in restoring:
                     raise NotResident(f"page {page} of an attached extent has no device copy and no restore")
-            end = slot.reserved_tokens + len(attached) * self.page_size + item.new_tokens
+            end = slot.reserved_tokens + (len(attached) + fetched) * self.page_size + item.new_tokens
             if end > self.max_request_tokens:
                 raise RowFull(f"slot {item.request.slot_id}: {end} tokens > max_request_tokens {self.max_request_tokens}")
             start_tokens.append(slot.reserved_tokens)
@@ -102,6 +112,7 @@ class Batches(Extents):
         need = sum(-(-end // self.page_size) - held - sum(e.page_count for e in item.attach) for end, held, item in zip(ends, start_pages, plan.items))
         need += len(moving)
         self.require_free(Tier.L1, need)
+        self.require_free(Tier.L2, sum(len(keys) for keys in fetches.values()))  # a staging page per fetched page
         for intent in plan.intents:
             if isinstance(intent, Restore):
                 self.start_restore(intent.extent)
@@ -111,6 +122,8 @@ class Batches(Extents):
                 for page in st.extents[extent.generation].pages:
                     st.pages[page].holders += 1
                     slot.pages.append(page)
+            if item.request.slot_id in fetches:
+                slot.pages += self.fetch_into_row(fetches[item.request.slot_id])
             slot.pages += self.new_pages(-(-end // self.page_size) - len(slot.pages))
             slot.reserved_tokens = end
             slot.produced += 1
@@ -187,7 +200,7 @@ class Batches(Extents):
         published: list[CacheExtentRef] = []
         tickets: list[TransferTicket] = []
         for intent in record.plan.intents:
-            if isinstance(intent, Restore):
+            if isinstance(intent, (Restore, Fetch)):
                 continue
             outcome = self.apply_intent(intent)
             if isinstance(outcome, CacheExtentRef):
@@ -195,7 +208,7 @@ class Batches(Extents):
             elif isinstance(outcome, TransferTicket):
                 tickets.append(outcome)
         if lost:
-            raise ComputeCannotRun(f"pages {sorted(set(lost))} have no device copy: the restore that would fill them failed")
+            raise ComputeCannotRun(f"pages {sorted(set(lost))} have no device copy: the restore or fetch that would fill them failed")
         if injected:
             raise ComputeCannotRun("injected compute fault (FaultKind.COMPUTE)", injected=True)
         return BatchCompletion(batch, tuple(results), tuple(published), tuple(tickets))

@@ -21,10 +21,12 @@ from cacheruntime.protocol import (
     Drop,
     ExtentInUse,
     ExtentShared,
+    Fetch,
     Intent,
     InvalidPageRun,
     InvalidPlan,
     NotBackedUp,
+    Persist,
     Publish,
     Release,
     RequestBusy,
@@ -131,18 +133,21 @@ class Extents(Transfers, HandleChecks):
             raise ExtentInUse(f"pages {sorted(held)} are mapped into live request rows")
 
     def apply_intent(self, intent: Intent) -> CacheExtentRef | TransferTicket | None:
-        """Apply one non-restore intent now; Backup returns its ticket, Publish its ref."""
+        """Apply one intent that is neither Restore nor Fetch now; Backup and Persist return their ticket, Publish its ref."""
         st = self.state
         if isinstance(intent, Publish):
             return self.publish_pages(intent)
         if isinstance(intent, Close):
             self.close_row(intent.request)
             return None
+        assert not isinstance(intent, Fetch), "a Fetch starts at prepare_batch (Batches.prepare), as a Restore does"
         self.check_intent_handles(intent)
         record = st.extents[intent.extent.generation]
         if isinstance(intent, Release):
             self.release_ref(intent.extent.generation)
             return None
+        if isinstance(intent, Persist):
+            return self.start_persist(intent, record.pages)
         if isinstance(intent, Backup):
             todo = [p for p in record.pages if Tier.L2 not in st.pages[p].copies]
             self.require_free(Tier.L2, len(todo))

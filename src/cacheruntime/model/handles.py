@@ -17,10 +17,14 @@ from cacheruntime.protocol import (
     Close,
     Demote,
     Drop,
+    Fetch,
     ForeignRuntime,
+    HostMode,
     Intent,
     InvalidPlan,
     NoL2,
+    NoL3,
+    Persist,
     PreparedBatchHandle,
     Publish,
     Release,
@@ -37,6 +41,13 @@ class HandleChecks:
     state: State
     runtime_id: str
     l2_pages: int
+    host_mode: HostMode
+    l3: bool
+
+    @property
+    def has_l2(self) -> bool:
+        """Whether host pages are a tier (the L2 capability): a host pool, in resident mode."""
+        return bool(self.l2_pages) and self.host_mode is HostMode.RESIDENT
 
     def check_origin(self, what: str, runtime_id: str, epoch: int) -> None:
         """The handle is this runtime's and of the current epoch."""
@@ -94,12 +105,19 @@ class HandleChecks:
         return finished[0]
 
     def check_intent_handles(self, intent: Intent) -> None:
-        """The handles an intent names; tier intents also need an L2 tier."""
+        """The handles an intent names; tier intents also need an L2 tier, L3 intents an L3."""
         if isinstance(intent, (Publish, Close)):
             self.check_slot(intent.request)
         elif isinstance(intent, (Backup, Restore, Demote, Drop, Release)):
             self.check_extent(intent.extent)
-            if not isinstance(intent, Release) and not self.l2_pages:
-                raise NoL2("this runtime has no L2 tier")
+            if not isinstance(intent, Release) and not self.has_l2:
+                raise NoL2("this runtime has no L2 tier" + (" (its host pages are staging only: buffer_only)" if self.l2_pages else ""))
+        elif isinstance(intent, (Persist, Fetch)):
+            if isinstance(intent, Persist):
+                self.check_extent(intent.extent)
+            else:
+                self.check_slot(intent.request)
+            if not self.l3:
+                raise NoL3("this runtime has no L3 store")
         else:
             raise InvalidPlan(f"unknown intent {type(intent).__name__}")

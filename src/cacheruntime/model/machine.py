@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
-from cacheruntime.model.arguments import check_batch_fields, check_extent_fields, check_intents, check_request_fields, require_int
+from cacheruntime.model.arguments import check_batch_fields, check_extent_fields, check_intents, check_keys, check_request_fields, require_int
 from cacheruntime.model.batches import Batches, ComputeCannotRun
 from cacheruntime.model.extents import Extents
 from cacheruntime.model.handles import HandleChecks
@@ -37,10 +37,15 @@ from cacheruntime.protocol import (
     Drop,
     ExtentView,
     FaultKind,
+    Fetch,
+    HostMode,
     InvalidArgument,
     InvalidPlan,
+    NoL3,
+    ObjectView,
     OutOfSlots,
     PageView,
+    Persist,
     PoolView,
     PreparedBatchHandle,
     Publish,
@@ -100,9 +105,18 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         l1_pages: int = 16,
         l2_pages: int = 32,
         vocab_size: int = MODEL_VOCAB_SIZE,
+        l3: bool = False,
+        host_mode: HostMode = HostMode.RESIDENT,
     ):
+        """`l3` gives the model an L3 store (the L3 capability, spec/protocol.md §9) and `host_mode`
+        says what its host pages are: a tier (resident, the L2 capability) or staging only
+        (buffer_only, which needs `l3`). Without them the model is the model of §1-8."""
         if vocab_size < 1:
             raise ValueError("vocab_size must be >= 1")
+        if host_mode is HostMode.BUFFER_ONLY and not l3:
+            raise ValueError("host_mode=BUFFER_ONLY stages between the device and L3: it needs l3=True")
+        if l3 and l2_pages < 1:
+            raise ValueError("l3=True needs l2_pages >= 1: L3 transfers stage through host pages")
         if page_size < 1 or max_requests < 1 or l1_pages < 1 or l2_pages < 0 or max_request_tokens < page_size:
             raise ValueError("page_size, max_requests, l1_pages >= 1, l2_pages >= 0, max_request_tokens >= page_size")
         self.runtime_id = runtime_id
@@ -112,6 +126,8 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         self.l1_pages = l1_pages
         self.l2_pages = l2_pages
         self.vocab_size = vocab_size
+        self.l3 = l3
+        self.host_mode = host_mode
         tags = {Tier.L1: [[0] * page_size for _ in range(l1_pages)], Tier.L2: [[0] * page_size for _ in range(l2_pages)]}
         self.state = fresh_state(0, [0] * max_requests, tags, 1)
 
@@ -121,8 +137,10 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
     def capabilities(self) -> frozenset[Capability]:
         """The model claims everything a runtime can claim, except the test knobs."""
         caps = {Capability.ASYNC_TRANSFERS, Capability.INTROSPECTION, Capability.RESTART, Capability.TAGGED_COMPUTE}
-        if self.l2_pages:
+        if self.has_l2:
             caps.add(Capability.L2)
+        if self.l3:
+            caps.add(Capability.L3)
         return frozenset(caps)
 
     @operation
@@ -252,12 +270,14 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
     # -- tier moves --------------------------------------------------------------------
 
     @operation
-    def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
+    def submit(self, intents: tuple[TierIntent | Persist, ...]) -> tuple[TransferTicket, ...]:
         """Submit: apply standalone tier intents in order; a ticket per Backup and Restore."""
         check_intents("submit's intents", intents)
         tickets = []
         for intent in intents:
-            if not isinstance(intent, (Backup, Restore, Demote, Drop)):
+            if isinstance(intent, Fetch):
+                raise InvalidPlan("a Fetch fills a request's row: send it in the plan of that request's item")
+            if not isinstance(intent, (Backup, Restore, Demote, Drop, Persist)):
                 raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
             self.check_intent_handles(intent)
         for intent in intents:
@@ -270,6 +290,15 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
                 if isinstance(outcome, TransferTicket):
                     tickets.append(outcome)
         return tuple(tickets)
+
+    @operation
+    def l3_exists(self, keys: tuple[str, ...]) -> tuple[bool, ...]:
+        """L3Exists: per key, whether the store holds an object under it now. A hint: the store may
+        remove the object before a fetch reads it (which then fails with MISS)."""
+        check_keys("l3_exists's keys", keys)
+        if not self.l3:
+            raise NoL3("this runtime has no L3 store")
+        return tuple(key in self.state.objects for key in keys)
 
     @operation
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
@@ -295,6 +324,7 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         tags = {tier: pool.tags for tier, pool in st.pools.items()}
         self.state = fresh_state(st.epoch + 1, generations, tags, st.next_version)
         self.state.faults = st.faults  # injections are the harness's, not the epoch's
+        self.state.objects = st.objects  # the store outlives the runtime's epochs
         return RuntimeInfo(
             self.runtime_id,
             self.state.epoch,
@@ -328,6 +358,13 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
         if transfer_id not in self.completable():
             raise ValueError(f"transfer {transfer_id} is not in flight or waits for another")
         super().fail_transfer(transfer_id)
+
+    def remove_object(self, key: str) -> None:
+        """RemoveObject (environment): the store drops the object under `key` (evicted, or removed by
+        another runtime sharing it), at any time; a fetch that reads it later misses."""
+        if key not in self.state.objects:
+            raise ValueError(f"the store holds no object under {key!r}")
+        del self.state.objects[key]
 
     def lose(self) -> None:
         """RuntimeLost (environment): the machinery is gone; every call but restart raises RuntimeFault.
@@ -391,25 +428,30 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
                     tr.kind,
                     tuple(p for p, _, _ in tr.pages),
                     tuple(src for _, src, _ in tr.pages),
-                    tuple(dst for _, _, dst in tr.pages),
+                    tuple(dst for _, _, dst in tr.pages if dst >= 0),  # a persist from host copies stages nothing
                 )
                 for t, tr in sorted(st.transfers.items())
             ),
             boundary_calls=tuple(sorted(st.calls.items())),
+            objects=tuple(ObjectView(key, tags) for key, tags in sorted(st.objects.items())),
+            page_keys=tuple(sorted(st.keys.items())),
         )
 
     def check_invariants(self) -> None:
         """Evaluate every state invariant of the catalogue on the model; raise on the first violated."""
-        from cacheruntime.invariants import InvariantViolation, T2_filling_has_transfer, check_state
+        from cacheruntime.invariants import InvariantViolation, S1_host_pages_only_stage, T2_filling_has_transfer, check_state
         from cacheruntime.model.transfers import T1_completions_sound
 
         probe = self.probe()
         check_state(probe)
         # T1 and T2 judge the model only for now: the conformance suite's runtimes are not yet
         # held to them (spec/invariants.md: planned)
-        for invariant, violations in (
+        checks = [
             ("T1", T1_completions_sound(self.state.transfers, self.state.unreported, self.state.next_transfer)),
             ("T2", T2_filling_has_transfer(probe)),
-        ):
+        ]
+        if self.host_mode is HostMode.BUFFER_ONLY:
+            checks.append(("S1", S1_host_pages_only_stage(probe)))
+        for invariant, violations in checks:
             if violations:
                 raise InvariantViolation(invariant, violations)

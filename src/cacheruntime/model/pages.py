@@ -67,3 +67,4 @@ class Pages:
             for tier in list(page.copies):
                 self.drop_copy(name, tier)
             del self.state.pages[name]
+            self.state.keys.pop(name, None)

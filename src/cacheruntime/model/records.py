@@ -115,7 +115,9 @@ class Transfer:
     """An in-flight tier move: per page (name, source phys, destination phys).
 
     `touched` holds the `(tier, phys)` keys it reads or writes, computed when it starts:
-    the deferred-free rule (O3) asks which transfers touch a physical page.
+    the deferred-free rule (O3) asks which transfers touch a physical page. An L3 transfer
+    (`cacheruntime.model.l3`) has control's key per page in `keys`; its moves are (name, source,
+    host staging page) for a persist and (name, host staging page, device page) for a fetch.
     """
 
     kind: TransferKind
@@ -124,6 +126,7 @@ class Transfer:
     waits_for: frozenset[int]
     ticket: TransferTicket
     touched: frozenset[tuple[Tier, int]]
+    keys: tuple[str, ...] = ()
 
 
 @dataclass
@@ -135,6 +138,8 @@ class State:
     `probe()` need of it. `lost` is RuntimeLost's mark (every call but restart raises
     `RuntimeFault`); `faults` are the pending injections (kind, how many more to count)
     and `doomed` the transfers an injection picked, which fail when they would complete.
+    `objects` is the L3 store (control's key -> the tags its object holds), which outlives the
+    epoch as memory does; `keys` is the key control gave each page name in a Persist or Fetch.
     """
 
     epoch: int
@@ -155,6 +160,8 @@ class State:
     lost: bool = False
     faults: tuple[tuple[FaultKind, int], ...] = ()
     doomed: frozenset[int] = frozenset()
+    objects: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    keys: dict[int, str] = field(default_factory=dict)
 
     def clone(self) -> State:
         """A copy deep enough for a transaction: every container an operation mutates is new.
@@ -185,6 +192,8 @@ class State:
             lost=self.lost,
             faults=self.faults,
             doomed=self.doomed,
+            objects=dict(self.objects),
+            keys=dict(self.keys),
         )
 
 

@@ -14,7 +14,7 @@ was coming (write-back, spec/protocol.md §4.11), and it did not come (F1).
 
 from __future__ import annotations
 
-from cacheruntime.model.pages import Pages
+from cacheruntime.model.l3 import L3_KINDS, L3Tier
 from cacheruntime.model.records import Copy, Transfer
 from cacheruntime.protocol import (
     CacheExtentRef,
@@ -29,9 +29,11 @@ from cacheruntime.protocol import (
 )
 
 _TIERS = {TransferKind.BACKUP: (Tier.L1, Tier.L2), TransferKind.RESTORE: (Tier.L2, Tier.L1)}
+#: The transfers that fill device copies, which compute waits for (KV_READY).
+_FILLS_L1 = frozenset({TransferKind.RESTORE, TransferKind.FETCH})
 
 
-class Transfers(Pages):
+class Transfers(L3Tier):
     """The section that starts, completes and reports transfers."""
 
     runtime_id: str
@@ -114,6 +116,9 @@ class Transfers(Pages):
         if transfer_id in st.doomed:
             self.fail_transfer(transfer_id)
             return
+        if st.transfers[transfer_id].kind in L3_KINDS:
+            self.complete_l3(transfer_id)
+            return
         tr = st.transfers.pop(transfer_id)
         src_tier, dst_tier = _TIERS[tr.kind]
         for name, src, dst in tr.pages:
@@ -129,8 +134,12 @@ class Transfers(Pages):
         st.unreported.append(TransferCompletion(tr.ticket))
 
     def fail_transfer(self, transfer_id: int) -> None:
-        """The transfer failed: its destination copies go, its DROPPING sources are VALID again (F1)."""
+        """The transfer failed: its destination copies go, its DROPPING sources are VALID again (F1).
+        An L3 transfer fails with `TransferFailure.STORE` (`fail_l3`)."""
         st = self.state
+        if st.transfers[transfer_id].kind in L3_KINDS:
+            self.fail_l3(transfer_id, TransferFailure.STORE)
+            return
         tr = st.transfers.pop(transfer_id)
         st.doomed = st.doomed - {transfer_id}
         src_tier, dst_tier = _TIERS[tr.kind]
@@ -145,21 +154,11 @@ class Transfers(Pages):
         self.run_deferred(transfer_id)
         st.unreported.append(TransferCompletion(tr.ticket, TransferFailure.COPY))
 
-    def run_deferred(self, transfer_id: int) -> None:
-        """The deferred frees that waited for `transfer_id`: each that waits for nothing more runs."""
-        for tier in (Tier.L1, Tier.L2):
-            pool = self.state.pools[tier]
-            for phys in sorted(pool.deferred):
-                pool.deferred[phys].discard(transfer_id)
-                if not pool.deferred[phys]:
-                    del pool.deferred[phys]
-                    pool.free.append(phys)
-
     def await_restores(self, pages: list[int]) -> None:
-        """Complete, in dependency order, every transfer filling an L1 copy of `pages` (O1)."""
+        """Complete, in dependency order, every transfer filling an L1 copy of `pages` (O1): restores and fetches."""
         st = self.state
         while True:
-            waiting = [t for t, tr in st.transfers.items() if tr.kind is TransferKind.RESTORE and any(p in pages for p, _, _ in tr.pages)]
+            waiting = [t for t, tr in st.transfers.items() if tr.kind in _FILLS_L1 and any(p in pages for p, _, _ in tr.pages)]
             if not waiting:
                 return
             target = min(waiting)

@@ -19,6 +19,7 @@ from cacheruntime.protocol import (
     Drop,
     ExtentInUse,
     ExtentShared,
+    Fetch,
     Intent,
     InvalidPageRun,
     InvalidPlan,
@@ -139,6 +140,7 @@ class Extents(_Base):
         if isinstance(intent, Close):
             self.close_row(intent.request)
             return None
+        assert not isinstance(intent, Fetch), "L3 intents are not applied by this runtime yet (spec/protocol.md §9; issue 21)"
         self.check_intent_handles(intent)
         record = st.extents[intent.extent.generation]
         if isinstance(intent, Release):

@@ -24,6 +24,7 @@ idle rows are skipped with a printed reason.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import tempfile
@@ -128,7 +129,9 @@ def _both(args: Any, device: torch.device, cuda: bool, paths: dict[str, str], de
     return {"process": process, "local": local}
 
 
-def _measure(args: Any, runtimes: dict[str, Any], paths: dict[str, str] | None, batch: int, context: int, counts: tuple[int, int, int], rows: list[Row]) -> None:
+def _measure(
+    args: Any, runtimes: dict[str, Any], paths: dict[str, str] | None, batch: int, context: int, counts: tuple[int, int, int], rows: list[Row]
+) -> None:
     warmup, steps, idle = counts
     plans, splits = {}, {}
     for name, rt in runtimes.items():
@@ -214,6 +217,6 @@ def _idle_gaps(spans: list[list[float]], skip: int, idle: int) -> dict[str, Any]
     out: dict[str, Any] = {}
     for phase, first in (("quiet", skip), ("busy", skip + idle)):
         phase_spans = spans[first : first + idle]
-        out[phase] = [b[0] - a[1] for a, b in zip(phase_spans, phase_spans[1:])]
+        out[phase] = [b[0] - a[1] for a, b in itertools.pairwise(phase_spans)]
         out["forward_" + phase] = statistics.mean(e - s for s, e in phase_spans)
     return out

@@ -86,63 +86,68 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
+    for batch in [int(b) for b in args.batches.split(",")]:
+        _one(batch, args)
+
+
+def _one(batch: int, args: argparse.Namespace) -> None:
+    """Time `args.steps` decode steps of `batch` rows, per call and part, and print the table."""
     from cacheruntime.protocol import BatchItem, BatchPlan
     from cacheruntime.runtime.process import ProcessGPURuntime, client
 
-    for batch in [int(b) for b in args.batches.split(",")]:
-        stats = tempfile.mktemp(suffix=".json")
-        sizes = dict(page_size=16, max_requests=batch, max_request_tokens=2048, l1_pages=batch * 128 + 8, l2_pages=0)
-        rt = ProcessGPURuntime("benchmarks.diagnostics.processsplit:timed_runtime", stats_path=stats, device=args.device, seed=0, **sizes)
-        requests = [rt.open_request() for _ in range(batch)]
-        rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * 256) for r in requests))))
-        plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
-        wire = client.wire
-        totals: collections.Counter[str] = collections.Counter()
-        dumps, loads = wire.dumps, wire.loads
+    stats = tempfile.mktemp(suffix=".json")
+    sizes = dict(page_size=16, max_requests=batch, max_request_tokens=2048, l1_pages=batch * 128 + 8, l2_pages=0)
+    rt = ProcessGPURuntime("benchmarks.diagnostics.processsplit:timed_runtime", stats_path=stats, device=args.device, seed=0, **sizes)
+    requests = [rt.open_request() for _ in range(batch)]
+    rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * 256) for r in requests))))
+    plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
+    wire = client.wire
+    totals: collections.Counter[str] = collections.Counter()
+    dumps, loads = wire.dumps, wire.loads
 
-        def timed_dumps(message: Any) -> bytes:
-            t = time.perf_counter()
-            out = dumps(message)
-            totals["client dumps " + message[0]] += time.perf_counter() - t
-            return out
+    def timed_dumps(message: Any) -> bytes:
+        t = time.perf_counter()
+        out = dumps(message)
+        totals["client dumps " + message[0]] += time.perf_counter() - t
+        return out
 
-        current = [""]
+    current = [""]
 
-        def timed_loads(data: bytes) -> Any:
-            t = time.perf_counter()
-            out = loads(data)
-            totals["client loads " + current[0]] += time.perf_counter() - t
-            return out
+    def timed_loads(data: bytes) -> Any:
+        t = time.perf_counter()
+        out = loads(data)
+        totals["client loads " + current[0]] += time.perf_counter() - t
+        return out
 
-        for _ in range(20):
-            rt.execute_batch(rt.prepare_batch(plan))
-            rt.poll_completions()
-        client.wire.dumps, client.wire.loads = timed_dumps, timed_loads
-        try:
-            for _ in range(args.steps):
-                for op in OPERATIONS:
-                    current[0] = op
-                    t = time.perf_counter()
-                    if op == "prepare_batch":
-                        handle = rt.prepare_batch(plan)
-                    elif op == "execute_batch":
-                        rt.execute_batch(handle)
-                    else:
-                        rt.poll_completions()
-                    totals["client " + op] += time.perf_counter() - t
-        finally:
-            client.wire.dumps, client.wire.loads = dumps, loads
-        rt.close()
-        server = json.loads(Path(stats).read_text())  # the server's means include the warm-up steps
-        print(f"B={batch} ({args.device}), mean us per call over {args.steps} steps:")
-        print("  call               client  c.dumps  c.loads  s.loads  s.op   s.dumps  link")
-        for op in OPERATIONS:
-            n = args.steps
-            s_op, s_loads, s_dumps = (server[f"server {part}{op}"][0] / server[f"server {part}{op}"][1] for part in ("", "loads ", "dumps "))
-            c = totals["client " + op] / n
-            cd, cl = totals["client dumps " + op] / n, totals["client loads " + op] / n
-            link = c - cd - cl - s_loads - s_op - s_dumps
-            print(f"  {op:18} {c * 1e6:6.1f}  {cd * 1e6:7.1f}  {cl * 1e6:7.1f}  {s_loads * 1e6:7.1f}  {s_op * 1e6:5.1f}  {s_dumps * 1e6:7.1f}  {link * 1e6:5.1f}")
+    for _ in range(20):
+        rt.execute_batch(rt.prepare_batch(plan))
+        rt.poll_completions()
+    client.wire.dumps, client.wire.loads = timed_dumps, timed_loads
+    try:
+        for _ in range(args.steps):
+            for op in OPERATIONS:
+                current[0] = op
+                t = time.perf_counter()
+                if op == "prepare_batch":
+                    handle = rt.prepare_batch(plan)
+                elif op == "execute_batch":
+                    rt.execute_batch(handle)
+                else:
+                    rt.poll_completions()
+                totals["client " + op] += time.perf_counter() - t
+    finally:
+        client.wire.dumps, client.wire.loads = dumps, loads
+    rt.close()
+    server = json.loads(Path(stats).read_text())  # the server's means include the warm-up steps
+    print(f"B={batch} ({args.device}), mean us per call over {args.steps} steps:")
+    print("  call               client  c.dumps  c.loads  s.loads  s.op   s.dumps  link")
+    for op in OPERATIONS:
+        n = args.steps
+        s_op, s_loads, s_dumps = (server[f"server {part}{op}"][0] / server[f"server {part}{op}"][1] for part in ("", "loads ", "dumps "))
+        c = totals["client " + op] / n
+        cd, cl = totals["client dumps " + op] / n, totals["client loads " + op] / n
+        link = c - cd - cl - s_loads - s_op - s_dumps
+        print(f"  {op:18} {c * 1e6:6.1f}  {cd * 1e6:7.1f}  {cl * 1e6:7.1f}  {s_loads * 1e6:7.1f}  {s_op * 1e6:5.1f}  {s_dumps * 1e6:7.1f}  {link * 1e6:5.1f}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ done
 # invariants; not the pool conservation, which the adapter's overlapping extents fail).
 # Stage times measured on 2 cores are in notes.md.
 CONFIGS=("l1_pages=16 l2_pages=32 page_size=4" "l1_pages=6 l2_pages=6 max_requests=3")
-TREE_CONFIGS=("tree=unified-rust l2_pages=0" "tree=unified-python l2_pages=0")
+TREE_CONFIGS=("tree=unified-rust l2_pages=0" "tree=unified-python l2_pages=0"
+  "tree=unified-rust l2_pages=32 write_policy=write_through" "tree=unified-python l2_pages=32 write_policy=write_back")
 
 start=$(date +%s)
 if [[ ! -x "$VENV/bin/python" ]]; then

@@ -114,6 +114,7 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
     (
         (
             "contract:submit submit: crashes with RuntimeError",
+            "contract:submit submit: crashes with AssertionError",
             "contract:execute_batch execute_batch: crashes with RuntimeError where the model raises ExtentInUse",
             "contract:execute_batch execute_batch: crashes with RuntimeError where the model raises NotBackedUp",
         ),
@@ -121,13 +122,21 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
         "tree_core.demote of a locked entry, which SGLang's eviction never makes (_evict_components demotes leaves its walk picks, "
         "unified_radix_cache.py:952-1058; the walk skips locked nodes). demote itself checks only `not node.evicted and node.backuped` "
         "(unified_tree_core.py:2077-2098): the Python TreeCore demotes the locked entry and its evictable size goes negative; the Rust "
-        "TreeCore panics (`dec_evictable_size: Full evictable size underflow`, raised as RuntimeError) and then refuses every call",
+        "TreeCore panics (`dec_evictable_size: Full evictable size underflow`, raised as RuntimeError) and then refuses every call; a Demote "
+        "of an entry demoted already is refused by the Python core's assert (AssertionError) where the contract's Demote moves nothing",
     ),
     (
         ("contract:submit submit: raises Unsupported", "contract:execute_batch execute_batch: raises Unsupported"),
         "F16 (adapter limitation, the unified tree's HiCache): 0.5.23's unified tree has no per-entry host drop: evict_host(num_tokens) "
         "(unified_radix_cache.py:1433-1445) evicts the least recently used host leaves (tree_core.drive_host_eviction), and the TreeCores' "
         "host-leaf eviction (_evict_host_leaf) is private, so the adapter refuses a Drop before any SGLang call (Unsupported)",
+    ),
+    (
+        ("contract:submit submit: returns where the model raises OutOfPages",),
+        "F8 on the legacy tree (adapter limitation, CPU setup: a Backup after a same-call Backup and Drop reuses the dropped host page the "
+        "contract still holds); F18 on the unified tree's HiCache (where the work happens): a backup short of host room evicts other "
+        "entries' host copies first (_execute_kv_backup -> evict_host(needed), unified_radix_cache.py:1737-1757, least recently used "
+        "host leaves), so a Backup the contract refuses with OutOfPages(L2) (its host tier is freed only by Drop and Release) succeeds",
     ),
     (
         ("contract:submit submit: returns another value",),

@@ -37,10 +37,13 @@ The mapping, in short:
   free pages first (the scheduler's budget check), and `ReqToTokenPool.write` of each row.
 - tier moves: `HiCacheController.write` (Backup), `load` + `start_loading` (Restore),
   `allocator.free` (Demote), `evict_host` (Drop), with `io_backend="direct"`; on CPU the
-  copy runs inside the call; completions are SGLang's acks.
+  copy runs inside the call; completions are SGLang's acks. On a unified tree with a host
+  tier the tree owns them (its HiCache, `init_hicache`): Backup its `BackupKV` action, Demote
+  `tree_core.demote`, Restore `load_back`, completions its per-step `check_hicache_events`;
+  Drop has no per-entry counterpart there (`Unsupported`).
 
-Capabilities claimed: `INTROSPECTION` (probe.py: `probe()` read off SGLang's allocator, rows,
-radix tree and host pool) and `L2` (when `l2_pages > 0`).
+Capabilities claimed: `INTROSPECTION` (legacy tree only; probe.py: `probe()` read off SGLang's
+allocator, rows, radix tree and host pool) and `L2` (when `l2_pages > 0`).
 
 Errors: SGLang signals exhaustion by returning None (`alloc`, `write`, `load`); the adapter
 translates exactly those into `OutOfSlots` / `OutOfPages`. Any SGLang exception (an

@@ -115,7 +115,12 @@ conformance() {  # $1 the stage number, $2 the configuration: its log, rc and se
   echo "$rc $(( $(date +%s) - t ))" > "$OUT/conformance-$n.rc"
 }
 ALL=("${CONFIGS[@]}" "${TREE_CONFIGS[@]}")
-for i in "${!ALL[@]}"; do
+# Longest first (measured, notes.md "Gate time"): the legacy pair, then TREE_CONFIGS from the end
+# (the host-tier ones run core and tiers, the others core only). Numbering stays the listing's.
+ORDER=()
+for i in "${!CONFIGS[@]}"; do ORDER+=("$i"); done
+for ((i = ${#ALL[@]} - 1; i >= ${#CONFIGS[@]}; i--)); do ORDER+=("$i"); done
+for i in "${ORDER[@]}"; do
   while [[ $(jobs -rp | wc -l) -ge $JOBS ]]; do wait -n || true; done
   conformance "$((i + 1))" "${ALL[$i]}" &
 done

@@ -83,10 +83,14 @@ def test_gate_script_runs_every_unified_tree_configuration():
 
     from _sglang_env import REPO
 
-    from conformance.adapters.sglang.stack import TREES
+    from conformance.adapters.sglang.stack import TREES, WRITE_POLICIES
 
-    line = re.search(r"^TREE_CONFIGS=\((.*)\)$", (REPO / "scripts" / "gate_sglang.sh").read_text(), flags=re.M)
+    line = re.search(r"^TREE_CONFIGS=\(([^)]*)\)$", (REPO / "scripts" / "gate_sglang.sh").read_text(), flags=re.M)
     assert line, "scripts/gate_sglang.sh has no TREE_CONFIGS=(...) line"
     configs = [dict(p.split("=") for p in c.split()) for c in re.findall(r'"([^"]*)"', line.group(1))]
-    assert sorted(c["tree"] for c in configs) == sorted(k for k, backend in TREES.items() if backend is not None)
-    assert all(c["l2_pages"] == "0" for c in configs)
+    unified = sorted(k for k, backend in TREES.items() if backend is not None)
+    # Every unified tree without a host tier, and its HiCache under each write policy (one tree each).
+    assert sorted(c["tree"] for c in configs if c["l2_pages"] == "0") == unified
+    with_l2 = [c for c in configs if c["l2_pages"] != "0"]
+    assert sorted(c["write_policy"] for c in with_l2) == sorted(WRITE_POLICIES)
+    assert sorted(c["tree"] for c in with_l2) == unified

@@ -106,11 +106,13 @@ def test_legacy_configuration_runs_radix_cache(monkeypatch):
     assert all(seen[f"RadixCache.{n}"] > 0 for n in ("insert", "match_prefix", "inc_lock_ref", "dec_lock_ref")), seen
 
 
-def test_unknown_tree_and_unified_with_host_tier_are_refused():
+def test_unknown_tree_and_write_policy_are_refused():
     with pytest.raises(ValueError, match="tree="):
         make_runtime(tree="hiradix")
-    with pytest.raises(ValueError, match="l2_pages=0"):
-        make_runtime(tree="unified-rust", l2_pages=8)
+    with pytest.raises(ValueError, match="write_policy="):
+        make_runtime(tree="unified-rust", l2_pages=8, write_policy="write_around")
+    with pytest.raises(ValueError, match="needs a unified tree"):
+        make_runtime(tree="radix", write_policy="write_back")
 
 
 def test_unified_without_host_tier_says_no_l2_after_translating_the_intents():

@@ -37,10 +37,13 @@ The mapping, in short:
   free pages first (the scheduler's budget check), and `ReqToTokenPool.write` of each row.
 - tier moves: `HiCacheController.write` (Backup), `load` + `start_loading` (Restore),
   `allocator.free` (Demote), `evict_host` (Drop), with `io_backend="direct"`; on CPU the
-  copy runs inside the call; completions are SGLang's acks.
+  copy runs inside the call; completions are SGLang's acks. On a unified tree with a host
+  tier the tree owns them (its HiCache, `init_hicache`): Backup its `BackupKV` action, Demote
+  `tree_core.demote`, Restore `load_back`, completions its per-step `check_hicache_events`;
+  Drop has no per-entry counterpart there (`Unsupported`).
 
-Capabilities claimed: `INTROSPECTION` (probe.py: `probe()` read off SGLang's allocator, rows,
-radix tree and host pool) and `L2` (when `l2_pages > 0`).
+Capabilities claimed: `INTROSPECTION` (legacy tree only; probe.py: `probe()` read off SGLang's
+allocator, rows, radix tree and host pool) and `L2` (when `l2_pages > 0`).
 
 Errors: SGLang signals exhaustion by returning None (`alloc`, `write`, `load`); the adapter
 translates exactly those into `OutOfSlots` / `OutOfPages`. Any SGLang exception (an
@@ -155,6 +158,7 @@ class SGLangRuntime:
         l2_pages: int = 32,
         vocab_size: int = 1 << 20,
         tree: str = "radix",
+        write_policy: str = "write_through",
         sglang_checks: bool | str = True,
     ):
         # SGLang's cache classes never see a vocabulary (token ids reach only the model), so
@@ -175,6 +179,7 @@ class SGLangRuntime:
             l2_pages=l2_pages,
             paged=True,
             tree=tree,
+            write_policy=write_policy,
         )
         # A request handle names one use of a row: SGLang's own name for it is the pair
         # (row, req_generation[row]) (memory_pool.py: "readers detect row reuse by equality
@@ -194,6 +199,10 @@ class SGLangRuntime:
         self.write_tickets: list[TransferTicket] = []  # parallel to ack_write_queue
         self.load_tickets: list[TransferTicket] = []  # parallel to ack_load_queue
         self.done: list[TransferCompletion] = []
+        # The unified tree's HiCache (tree_hicache): each ticket's copy, by the tree node whose
+        # write-through or load-back ack finishes it (UnifiedRadixCache.ongoing_write_through /
+        # ongoing_load_back), in submission order.
+        self.tree_tickets: list[tuple[str, object, TransferTicket]] = []
         # For probe() only, where SGLang has no counterpart (probe.py): the last handle of
         # each slot name, the batches finished in order, the version tags compute's
         # stand-in wrote (spec/protocol.md §1: one per token, from 1, items in plan order)
@@ -210,7 +219,7 @@ class SGLangRuntime:
         # "all" adds the pool-conservation checks its overlapping extents fail, False none.
         from .checks import Checks, selected
 
-        groups = selected(sglang_checks, tree)
+        groups = selected(sglang_checks, tree, l2=bool(l2_pages))
         self.checks = Checks(self, groups) if groups else None
 
     # -- info --------------------------------------------------------------------------
@@ -358,15 +367,13 @@ class SGLangRuntime:
         chooses the victims; the entries are evicted as soon as their last lock goes, so
         those are the entries whose last lock just went. Its device frees reach SGLang's free
         path (`FreeComponentDeviceSlot`), less the pages another entry or a live row still
-        names, as for the legacy tree (adapter limitation, notes.md).
+        names, as for the legacy tree (adapter limitation, notes.md). With the tree's HiCache,
+        `evict_device_leaf` demotes a backed-up entry (write-through and write-back) and, under
+        write-back, hands an unbacked one back for the deferred backup-then-demote.
         """
-        import torch
-
-        from sglang.srt.mem_cache.unified_cache.cache_action import FreeComponentDeviceSlot
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
         tree: Any = self.sg.tree  # UnifiedRadixCache
-        ps = self.page_size
         core, full = tree.tree_core, ComponentType.FULL
         quota = tree.evictable_size()
         if quota <= 0:
@@ -381,21 +388,45 @@ class SGLangRuntime:
                         break
                     continue
                 result = core.evict_device_leaf(node_id, tree.is_write_back)
-                frees = result.device_frees.pop(full, [])
-                keep = self._named_elsewhere()
-                kept = []
-                for value in frees:
-                    mask = torch.tensor([int(i) // ps not in keep for i in value], dtype=torch.bool)
-                    kept.append(value[mask])
-                tree._apply_eviction_result(result)
-                tree._apply_cache_action(FreeComponentDeviceSlot(kept, component_type=full))
-                tree._accumulate_tracker(tracker, result.tracker)
-                gone = {p for v in kept for p in self._page_ids(v)} if kept else set()
-                for page in self.pages.values():
-                    if page.device in gone:
-                        page.device = None
+                self._apply_tree_result(result, tracker)
+                if result.backup_kv is not None:
+                    # Write-back (HiCache on the unified tree): _evict_components' deferred
+                    # demote, run the D->H backup, demote only on success.
+                    if tree._execute_and_commit_kv_backup(result.backup_kv, write_back=True) > 0:
+                        tree.writing_check(write_back=True)
+                        self._apply_tree_result(core.demote(node_id), tracker)
+                    else:
+                        self._apply_tree_result(core.drop_subtree_no_host(node_id), tracker)
         finally:
             core.evict_device_end(full)
+
+    def _apply_tree_result(self, result, tracker) -> None:
+        """UnifiedRadixCache._apply_eviction_result for a TreeCore step, its device frees less the pages still named elsewhere.
+
+        The free reaches SGLang's free path (`FreeComponentDeviceSlot`); the pages another
+        entry or a live row still names are left out (adapter limitation, notes.md).
+        """
+        import torch
+
+        from sglang.srt.mem_cache.unified_cache.cache_action import FreeComponentDeviceSlot
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        tree: Any = self.sg.tree
+        ps, full = self.page_size, ComponentType.FULL
+        frees = result.device_frees.pop(full, [])
+        keep = self._named_elsewhere() if frees else set()
+        kept = []
+        for value in frees:
+            mask = torch.tensor([int(i) // ps not in keep for i in value], dtype=torch.bool)
+            kept.append(value[mask])
+        tree._apply_eviction_result(result)
+        if kept:
+            tree._apply_cache_action(FreeComponentDeviceSlot(kept, component_type=full))
+        tree._accumulate_tracker(tracker, result.tracker)
+        gone = {p for v in kept for p in self._page_ids(v)} if kept else set()
+        for page in self.pages.values():
+            if page.device in gone:
+                page.device = None
 
     def _lock(self, node) -> object:
         """Lock `node`; the receipt UnifiedRadixCache.dec_lock_ref takes back (None on the legacy tree), for the lock's holder to keep."""
@@ -634,6 +665,8 @@ class SGLangRuntime:
         pages = tuple(record.pages[q // ps] for q in positions[: len(key) : ps])
         node = self.sg.tree.insert(InsertParams(key=key, value=value)).last_device_node
         receipt = self._lock(node)  # the extent's reference keeps the entry from eviction
+        if self.sg.tree_hicache:  # the insert's write-through backup is queued: the scheduler submits it after the batch (scheduler.py:5106)
+            self.sg.tree.flush_pending_backups()
         return self._issue(_Extent(pages, node, key, receipts=[receipt]))
 
     def split(self, extent: CacheExtentRef, at_page: int) -> tuple[CacheExtentRef, CacheExtentRef]:
@@ -682,8 +715,11 @@ class SGLangRuntime:
         """Every Restore must name host pages for `controller.load`: one that cannot is refused before any SGLang call.
 
         Run over the intents in order, with the device/host presence each earlier Demote
-        and Drop of the same call leaves (translation only: SGLang is not called).
+        and Drop of the same call leaves (translation only: SGLang is not called). With the
+        unified tree's HiCache the tree holds the host indices (`load_back`): nothing to translate.
         """
+        if self.sg.tree_hicache:
+            return
         device = {n: p.device is not None for n, p in self.pages.items()}
         host = {n: p.host is not None for n, p in self.pages.items()}
         for intent in intents:
@@ -701,6 +737,8 @@ class SGLangRuntime:
                 device.update(dict.fromkeys(names, True))
 
     def _restore(self, extent: CacheExtentRef) -> TransferTicket:
+        if self.sg.tree_hicache:
+            return self._restore_tree(extent)
         record = self._extent(extent)
         names = [n for n in record.pages if self.pages[n].device is None]
         ticket = self._ticket(TransferKind.RESTORE, extent, len(names))
@@ -726,6 +764,8 @@ class SGLangRuntime:
                 from cacheruntime.protocol import NoL2
 
                 raise NoL2("this SGLang stack was built without a host pool")
+        if self.sg.tree_hicache:
+            return self._submit_tree(intents)
         self._plan_restores(intents)
         tickets = []
         for intent in intents:
@@ -766,12 +806,98 @@ class SGLangRuntime:
                     self.pages[name].host = None
         return tuple(tickets)
 
+    # -- tier moves on the unified tree's HiCache (tree_hicache) ----------------------------------
+
+    def _submit_tree(self, intents) -> tuple[TransferTicket, ...]:
+        """Tier moves as the unified tree makes them: its backup action, its demote, its load-back.
+
+        SGLang's unified tree has no per-entry host drop (`evict_host(num_tokens)` picks LRU
+        host leaves; the TreeCores' host-leaf eviction is private), so a `Drop` is refused
+        before any SGLang call (`Unsupported`, notes.md).
+        """
+        for intent in intents:
+            if isinstance(intent, Drop):
+                raise Unsupported("Drop: 0.5.23's unified tree has no per-entry host drop (evict_host(num_tokens) evicts the least recently used host leaves)")
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        tree: Any = self.sg.tree
+        tickets = []
+        for intent in intents:
+            record = self._extent(intent.extent)
+            if isinstance(intent, Backup):
+                tickets.append(self._backup_tree(intent.extent, record))
+            elif isinstance(intent, Restore):
+                tickets.append(self._restore_tree(intent.extent))
+            else:  # Demote: the TreeCore's demote, its frees through the cache (UnifiedRadixCache._demote)
+                self._apply_tree_result(tree.tree_core.demote(record.node), {ComponentType.FULL: 0})
+                for name in record.pages:
+                    self.pages[name].device = None
+        return tuple(tickets)
+
+    def _backup_tree(self, extent: CacheExtentRef, record: _Extent) -> TransferTicket:
+        """The BackupKV action the tree builds for the entry (the insert's write-through shape), then the scheduler's flush."""
+        tree: Any = self.sg.tree
+        if tree.is_backuped(record.node):
+            ticket = self._ticket(TransferKind.BACKUP, extent, 0)
+            self.done.append(TransferCompletion(ticket))
+            return ticket
+        ticket = self._ticket(TransferKind.BACKUP, extent, len(record.pages))
+        tree._apply_cache_action(tree.tree_core.build_backup_kv_action(record.node))
+        tree.flush_pending_backups()
+        if not tree.is_backuped(record.node):  # _execute_kv_backup found no host room after evict_host: nothing committed
+            raise OutOfPages(Tier.L2, len(record.pages), self.sg.host_pool.available_size() // self.page_size)
+        self.tree_tickets.append(("write", record.node, ticket))
+        return ticket
+
+    def _restore_tree(self, extent: CacheExtentRef) -> TransferTicket:
+        """UnifiedRadixCache.load_back of the entry, then the scheduler's start of the loads; the pages' device copies from the tree's path."""
+        tree: Any = self.sg.tree
+        record = self._extent(extent)
+        if not tree.tree_core.is_full_device_evicted(record.node):
+            ticket = self._ticket(TransferKind.RESTORE, extent, 0)
+            self.done.append(TransferCompletion(ticket))
+            return ticket
+        ticket = self._ticket(TransferKind.RESTORE, extent, len(record.pages))
+        if not tree.load_back(record.node):
+            raise OutOfPages(Tier.L1, len(record.pages), self.sg.allocator.available_size() // self.page_size)
+        tree.ready_to_load_host_cache()
+        device = tree.path_device_indices(record.node)[record.offset * self.page_size :]
+        for name, page_id in zip(record.pages, self._page_ids(device), strict=True):
+            self.pages[name].device = page_id
+        self.tree_tickets.append(("load", record.node, ticket))
+        return ticket
+
+    def _collect_tree(self, block: bool) -> None:
+        """The scheduler's per-step poll (`check_hicache_events`: flush, writing_check, loading_check); a ticket is done when its ack was consumed.
+
+        On CPU every copy has finished when its call returns, so blocking and polling see the
+        same acks. Entries whose last lock went with a backup's or a load's ack are then
+        evicted as after any unlock.
+        """
+        tree: Any = self.sg.tree
+        if block:
+            tree.flush_pending_backups()
+            tree.writing_check(write_back=True)
+        tree.check_hicache_events()
+        pending = {"write": tree.ongoing_write_through, "load": tree.ongoing_load_back}
+        kept = []
+        for kind, node, ticket in self.tree_tickets:
+            if node in pending[kind]:
+                kept.append((kind, node, ticket))
+            else:
+                self.done.append(TransferCompletion(ticket))
+        self.tree_tickets = kept
+        self._evict_unified()
+
     # -- completions ---------------------------------------------------------------------------
 
     def _collect(self, block: bool) -> None:
         """Consume SGLang's finished acks in order, as HiRadixCache.writing_check/loading_check do."""
         ctl = self.sg.controller
         if ctl is None:
+            return
+        if self.sg.tree_hicache:
+            self._collect_tree(block)
             return
         for acks, tickets in ((ctl.ack_write_queue, self.write_tickets), (ctl.ack_load_queue, self.load_tickets)):
             while acks and tickets:
@@ -828,6 +954,9 @@ def _boundary(method):
             self._probed = None
         if self._depth == 0:
             self.calls[method.__name__] += 1
+            if self.sg.tree_hicache:  # the scheduler's per-step HiCache poll, after each step (check_hicache_events)
+                self._collect_tree(block=False)
+                self._probed = None
             if self.checks is not None:
                 self.checks.run()  # SGLang's own checks, where its scheduler runs them (checks.py)
         return result

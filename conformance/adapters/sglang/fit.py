@@ -68,6 +68,33 @@ USED: tuple[tuple[str, tuple[str, ...], int], ...] = (
     ("sglang.srt.mem_cache.base_prefix_cache.MatchPrefixParams", ("key",), 0),
     ("sglang.srt.mem_cache.base_prefix_cache.IncLockRefResult", ("delta",), 0),
     ("sglang.srt.managers.schedule_batch.ReqKvInfo", (), 0),
+    # The unified tree's HiCache (stack.hicache_unified, the adapter's tree_hicache paths, cpu_kernels).
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.init_hicache", (), 2),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._apply_cache_action", (), 1),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._execute_and_commit_kv_backup", ("write_back",), 1),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.flush_pending_backups", (), 0),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.is_backuped", (), 1),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.load_back", (), 1),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.ready_to_load_host_cache", (), 0),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.path_device_indices", (), 1),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.check_hicache_events", (), 0),
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.writing_check", ("write_back",), 0),
+    ("sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.demote", (), 1),
+    ("sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.build_backup_kv_action", (), 1),
+    ("sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.is_full_device_evicted", (), 1),
+    ("sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.drop_subtree_no_host", (), 1),
+    ("sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.evict_device_leaf", (), 2),
+    ("sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.demote", (), 1),
+    ("sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.build_backup_kv_action", (), 1),
+    ("sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.is_full_device_evicted", (), 1),
+    ("sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.drop_subtree_no_host", (), 1),
+    ("sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.evict_device_leaf", (), 2),
+    (
+        "sglang.srt.runtime_context.RuntimeContext.override_server_args",
+        ("enable_hierarchical_cache", "hicache_io_backend", "hicache_mem_layout", "hicache_host_memory_mode", "hicache_write_policy", "hicache_ratio"),
+        0,
+    ),
+    ("sglang.srt.mem_cache.pool_host.common.alloc_with_host_register", (), 6),
 )
 
 #: Instance attributes read or written, per object of the stack (checked on a built stack).

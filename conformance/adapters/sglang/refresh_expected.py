@@ -112,7 +112,40 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
         "(UnknownHandle) where the contract says StaleHandle",
     ),
     (
-        ("contract:submit submit: returns another value", "contract:submit submit: returns where the model raises OutOfPages"),
+        (
+            "contract:submit submit: crashes with RuntimeError",
+            "contract:submit submit: crashes with AssertionError",
+            "contract:execute_batch execute_batch: crashes with RuntimeError where the model raises ExtentInUse",
+            "contract:execute_batch execute_batch: crashes with RuntimeError where the model raises NotBackedUp",
+        ),
+        "F15 (where the check lives, the unified tree's HiCache): a protocol extent's reference is a lock, so its Demote is "
+        "tree_core.demote of a locked entry, which SGLang's eviction never makes (_evict_components demotes leaves its walk picks, "
+        "unified_radix_cache.py:952-1058; the walk skips locked nodes). demote itself checks only `not node.evicted and node.backuped` "
+        "(unified_tree_core.py:2077-2098): the Python TreeCore demotes the locked entry and its evictable size goes negative; the Rust "
+        "TreeCore panics (`dec_evictable_size: Full evictable size underflow`, raised as RuntimeError) and then refuses every call; a Demote "
+        "of an entry demoted already is refused by the Python core's assert (AssertionError) where the contract's Demote moves nothing",
+    ),
+    (
+        ("contract:submit submit: raises Unsupported", "contract:execute_batch execute_batch: raises Unsupported"),
+        "F16 (adapter limitation, the unified tree's HiCache): 0.5.23's unified tree has no per-entry host drop: evict_host(num_tokens) "
+        "(unified_radix_cache.py:1433-1445) evicts the least recently used host leaves (tree_core.drive_host_eviction), and the TreeCores' "
+        "host-leaf eviction (_evict_host_leaf) is private, so the adapter refuses a Drop before any SGLang call (Unsupported)",
+    ),
+    (
+        ("contract:submit submit: returns where the model raises OutOfPages",),
+        "F8 on the legacy tree (adapter limitation, CPU setup: a Backup after a same-call Backup and Drop reuses the dropped host page the "
+        "contract still holds); F18 on the unified tree's HiCache (where the work happens): a backup short of host room evicts other "
+        "entries' host copies first (_execute_kv_backup -> evict_host(needed), unified_radix_cache.py:1737-1757, least recently used "
+        "host leaves), so a Backup the contract refuses with OutOfPages(L2) (its host tier is freed only by Drop and Release) succeeds",
+    ),
+    (
+        ("contract:submit submit: returns another value",),
+        "F17 (where the work happens, the unified tree's HiCache with write_through): the tree backs an entry up when it is inserted "
+        "(write_through_threshold 1, unified_radix_cache.py:558-560; the insert's BackupKV action, :1409-1413), so a protocol Backup of a "
+        "published extent finds its host copy made and moves 0 pages where the contract moves them at the Backup",
+    ),
+    (
+        ("contract:submit submit: returns where the model raises OutOfPages"),
         'F8 (adapter limitation, CPU setup): HiCacheController.write finishes the copy inside the call on io_backend="direct" '
         "(managers/cache_controller.py:864-926), so the pages a backup in flight holds in the contract are free already: a Restore after a "
         "same-call Backup and Demote counts pages the contract still has on the device (the model keeps a demoted page's device copy until "

@@ -9,7 +9,7 @@ per concept and one column per artifact:
 | spec | `spec/protocol.md` | the word or phrase occurs as whole words (any case) |
 | TLA+ | `tla/CacheRuntime.tla`, `tla/CacheRuntimeL3.tla` (the L3 tier) | the identifier occurs as a whole word; `var.field` also needs `.field` or `field \\|->` |
 | model | `src/cacheruntime/model/**/*.py` | see below |
-| runtime | `src/cacheruntime/runtime/local.py` (the boundary operations), `src/cacheruntime/runtime/ledger/**/*.py` | see below |
+| runtime | `src/cacheruntime/runtime/local.py` and `runtime/l3calls.py` (the boundary operations), `src/cacheruntime/runtime/ledger/**/*.py` | see below |
 
 In the Python columns a name `Record.field` is found when the files define
 `class Record` and `field` occurs as a whole word in its body; a dotted name whose first
@@ -46,7 +46,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "spec": ("spec/protocol.md",),
     "TLA+": ("tla/CacheRuntime.tla", "tla/CacheRuntimeL3.tla"),
     "model": ("model/**/*.py",),
-    "runtime": ("runtime/local.py", "runtime/ledger/**/*.py"),
+    "runtime": ("runtime/local.py", "runtime/l3calls.py", "runtime/ledger/**/*.py"),
 }
 _IN_SOURCES = frozenset({"model", "runtime"})
 

@@ -14,8 +14,8 @@ from cacheruntime.runtime.local import LocalGPURuntime
 PS = 2  # page size of the conformance configuration
 
 
-def twin_model(runtime: LocalGPURuntime) -> ReferenceModel:
-    """The reference model sized and named as `runtime` is."""
+def twin_model(runtime: LocalGPURuntime, **l3) -> ReferenceModel:
+    """The reference model sized and named as `runtime` is (`l3`: its `l3` and `host_mode`)."""
     info = runtime.info()
     return ReferenceModel(
         runtime_id=info.runtime_id,
@@ -25,6 +25,7 @@ def twin_model(runtime: LocalGPURuntime) -> ReferenceModel:
         l1_pages=info.l1_pages,
         l2_pages=info.l2_pages,
         vocab_size=info.vocab_size,
+        **l3,
     )
 
 

@@ -186,7 +186,7 @@ class EagerFree(_Variant):
         ledger = self.ledger
         if ledger.state.transfers:
             try:
-                landed, failed = self.device_layer.done(list(ledger.state.transfers))
+                landed, failed, _ = self.device_layer.done(list(ledger.state.transfers))
             except StreamDead as dead:
                 fault = self.machinery_fault(dead)
                 assert fault is not None

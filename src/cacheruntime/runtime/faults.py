@@ -72,8 +72,9 @@ class FaultHandling:
             raise error  # the machinery is gone (RuntimeFault, by the call's wrapper), not this batch's compute
         ledger = self.ledger
         ledger.txn.rollback()
+        failures = self.device_layer.failures(lost_reads)
         for transfer_id in sorted(lost_reads):
-            ledger.fail_transfer(transfer_id)
+            ledger.fail_with(transfer_id, failures)
         failed = ledger.fail_batches(batch.batch_id)
         if injected:
             ledger.count_toward_fault(FaultKind.COMPUTE)  # the rollback undid the count: the fault is spent

@@ -27,6 +27,7 @@ from cacheruntime.protocol import (
     CacheExtentRef,
     Capability,
     OutOfSlots,
+    Persist,
     PreparedBatchHandle,
     Publish,
     Release,
@@ -45,6 +46,7 @@ from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runner
 from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS
 from cacheruntime.runtime.faults import FaultHandling
+from cacheruntime.runtime.l3calls import L3Calls, L3Spec, l3_options
 from cacheruntime.runtime.ledger import FreeOrder, Ledger, Numbering, Reporting
 from cacheruntime.runtime.ledger.batches import item_results
 from cacheruntime.runtime.ledger.choices import MODEL_NUMBERING
@@ -53,7 +55,7 @@ from cacheruntime.runtime.ledger.transaction import operation
 __all__ = ["D2H_ISSUE_POINTS", "LocalGPURuntime"]
 
 
-class LocalGPURuntime(FaultHandling):
+class LocalGPURuntime(L3Calls, FaultHandling):
     """A GPU cache runtime in the caller's process, on torch, for `device="cpu"` or `"cuda"`."""
 
     def __init__(
@@ -79,7 +81,10 @@ class LocalGPURuntime(FaultHandling):
         ordering_class: type[Ordering] = Ordering,
         streams: str = "threads",
         schedule_seed: int = 0,
+        host_mode: str = "resident",  # or "buffer_only": host pages only stage between L1 and L3 (§9.1)
+        l3: L3Spec = None,  # an L3 store (the L3 capability), or its spec: "file:DIR"
     ):
+        host_mode, store = l3_options(host_mode, l3, l2_pages)
         if d2h_bytes_per_batch is not None and d2h_bytes_per_batch < 1:
             raise ValueError("d2h_bytes_per_batch must be positive (or None: no throttle)")
         if page_size < 1 or max_requests < 1 or l1_pages < 1 or l2_pages < 0 or max_request_tokens < page_size:
@@ -106,6 +111,7 @@ class LocalGPURuntime(FaultHandling):
             ordering_class=ordering_class,
             streams=streams,
             schedule_seed=schedule_seed,
+            store=store,
         )
         self.device = self.device_layer.device
         self.ledger = ledger_class(
@@ -120,6 +126,8 @@ class LocalGPURuntime(FaultHandling):
             reporting=Reporting(reporting),
             seed=seed,
             vocab_size=(config or DecoderConfig()).vocab,
+            host_mode=host_mode,
+            l3=store is not None,
         )
         self.lost_cause = ""  # why the machinery is gone, while `ledger.state.lost`
 
@@ -130,8 +138,10 @@ class LocalGPURuntime(FaultHandling):
         caps = {Capability.ASYNC_TRANSFERS, Capability.INTROSPECTION, Capability.RESTART, Capability.DELAY_KNOB, Capability.FAULT_INJECTION}
         if self.device_layer.schedule is not None:
             caps.add(Capability.SCHEDULE_SEED)
-        if self.l2_pages:
+        if self.ledger.has_l2:
             caps.add(Capability.L2)
+        if self.device_layer.l3 is not None:
+            caps.add(Capability.L3)
         if self.device_layer.runner.tagged:
             caps.add(Capability.TAGGED_COMPUTE)
         return frozenset(caps)
@@ -274,8 +284,8 @@ class LocalGPURuntime(FaultHandling):
     # -- tier moves and completions ----------------------------------------------------
 
     @operation()
-    def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
-        """Apply standalone tier intents in order, atomically; a ticket per Backup and Restore."""
+    def submit(self, intents: tuple[TierIntent | Persist, ...]) -> tuple[TransferTicket, ...]:
+        """Apply standalone tier intents in order, atomically; a ticket per Backup, Restore and Persist."""
         tickets = self.ledger.submit(intents)
         self.commit()
         self._launch_started()
@@ -300,8 +310,8 @@ class LocalGPURuntime(FaultHandling):
         overlap the copies' tail; journaled, they are undone if the wait is interrupted.
         """
         ledger = self.ledger
-        pending, failed = self.device_layer.wait_all(sorted(ledger.state.transfers))
-        ledger.complete_all(failed)
+        pending, failed, failures = self.device_layer.wait_all(sorted(ledger.state.transfers))
+        ledger.complete_all(failed, failures)
         for launched in pending:
             launched.event.synchronize()
         return ledger.report(wait=True)
@@ -317,7 +327,7 @@ class LocalGPURuntime(FaultHandling):
         if not ledger.state.lost and layer.alive():
             layer.drain()
         if not ledger.state.lost and layer.alive():
-            ledger.restart(layer.failed_of(t for t in ledger.state.transfers if t in layer.launched))
+            ledger.restart(*layer.outcomes(t for t in ledger.state.transfers if t in layer.launched))
         else:
             layer.replace_streams()
             ledger.restart(abandoned=True)
@@ -329,9 +339,8 @@ class LocalGPURuntime(FaultHandling):
     def probe(self) -> AbstractState:
         """The abstract state; tags from the real KV bytes when the runner is tagged."""
         layer, ledger = self.device_layer, self.ledger
-        if layer.runner.tagged:
-            return ledger.abstract_state(layer.read_tags())
-        return ledger.abstract_state({tier: pool.tags for tier, pool in ledger.state.pools.items()})
+        tags = layer.read_tags() if layer.runner.tagged else {tier: pool.tags for tier, pool in ledger.state.pools.items()}
+        return ledger.abstract_state(tags, self.stored_objects())
 
     # -- the call's commit and its device work -----------------------------------------
 

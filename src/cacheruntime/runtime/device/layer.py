@@ -22,8 +22,10 @@ from typing import Any
 import attrs
 import torch
 
-from cacheruntime.protocol import Tier, TransferKind
+from cacheruntime.protocol import Tier, TransferFailure, TransferKind
 from cacheruntime.runtime.device.deadstreams import StreamDead, StreamWorkerDied, device_broken
+from cacheruntime.runtime.device.l3moves import L3Miss, L3Moves, L3StoreFailed
+from cacheruntime.runtime.device.l3moves import failure as l3_failure
 from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.ordering import Ordering
 from cacheruntime.runtime.device.reqtotoken import ReqToToken
@@ -31,7 +33,9 @@ from cacheruntime.runtime.device.runner import ComputeBatch, DecoderConfig, Runn
 from cacheruntime.runtime.device.simulated import Schedule, SimResult
 from cacheruntime.runtime.device.streams import CpuResult, Event, Failed, Result, Stream, make_stream
 from cacheruntime.runtime.device.throttle import D2H_ISSUE_POINTS, D2HThrottle, Piece, Results
+from cacheruntime.runtime.ledger.l3 import L3_KINDS
 from cacheruntime.runtime.ledger.records import Transfer
+from cacheruntime.storage.store import Store
 
 #: Where the streams' work runs: "threads" (one worker per stream on CPU; CUDA streams on a
 #: GPU) or "simulated" (CPU: the interleaving picked by a seeded schedule, `simulated.py`).
@@ -78,6 +82,7 @@ class DeviceLayer:
         ordering_class: type[Ordering] = Ordering,
         streams: str = "threads",
         schedule_seed: int = 0,
+        store: Store | None = None,
     ):
         if d2h_issue not in D2H_ISSUE_POINTS:
             raise ValueError(f"d2h_issue must be one of {', '.join(D2H_ISSUE_POINTS)}, not {d2h_issue!r}")
@@ -126,6 +131,8 @@ class DeviceLayer:
         self.launches_until_lost: int | None = None
         self.compute_fault_site = "before_writes"
         self._piece_pages = piece_pages
+        #: The L3 tier's steps and store I/O (None without a store).
+        self.l3 = None if store is None else L3Moves(store, self.memory, self.schedule)
 
     # -- transfers ---------------------------------------------------------------------
 
@@ -140,6 +147,11 @@ class DeviceLayer:
         A `doomed` copy (an injected fault) fails at the site `copy_fault_site` names, and
         the stream worker running the launch that `launches_until_lost` counts down to dies.
         """
+        if record.kind in L3_KINDS:
+            assert self.l3 is not None, "the ledger starts L3 transfers only on a runtime with a store"
+            event, result = self.l3.launch(record, self.h2d, self.d2h, self._wait_compute, self.device.type == "cuda")
+            self.launched[transfer_id] = Launched(event, result)
+            return
         backup = record.kind is TransferKind.BACKUP
         throttle = self.throttle
         if throttle is not None and throttle.queued and not record.waits_for.isdisjoint(throttle.queued):
@@ -169,6 +181,26 @@ class DeviceLayer:
         else:
             result = stream.submit(lambda: move(sources, destinations))
         self.launched[transfer_id] = Launched(stream.record(), result)
+
+    def _wait_compute(self, stream: Stream) -> None:
+        self.ordering.wait_compute(stream, self.compute_event)
+
+    def failures(self, transfer_ids: Iterable[int]) -> dict[int, TransferFailure]:
+        """The outcome of each of `transfer_ids` (launched, failed) that is an L3 transfer: MISS or STORE."""
+        found: dict[int, TransferFailure] = {}
+        if self.l3 is None:
+            return found
+        for t in transfer_ids:
+            launched = self.launched.get(t)
+            if launched is None:
+                continue
+            try:
+                launched.result.result()
+            except (L3Miss, L3StoreFailed) as error:
+                found[t] = l3_failure(error)
+            except Exception:
+                continue
+        return found
 
     def _count_launch_toward_lost(self) -> bool:
         """One more launch: whether it is the one whose stream worker dies (an injected LOST fault)."""
@@ -211,14 +243,19 @@ class DeviceLayer:
             self.pump(1)
         self.executed_since_pump = False
 
-    def done(self, transfer_ids: list[int]) -> tuple[set[int], set[int]]:
-        """Which of `transfer_ids` have finished on their streams: (landed, failed).
+    def done(self, transfer_ids: list[int]) -> tuple[set[int], set[int], dict[int, TransferFailure]]:
+        """Which of `transfer_ids` have finished on their streams: (landed, failed, the L3 ones' outcomes).
 
         A copy that raised (at issue, or on its stream) failed; a dead stream raises `StreamDead`.
         """
         launched = self.launched
         done = {t for t in transfer_ids if t in launched and launched[t].event.query()}
-        return done - (failed := self.failed_of(done)), failed
+        return done - (failed := self.failed_of(done)), failed, self.failures(failed)
+
+    def outcomes(self, transfer_ids: Iterable[int]) -> tuple[set[int], bool, dict[int, TransferFailure]]:
+        """(failed, not abandoned, the L3 ones' outcomes) of launched transfers, for `Ledger.restart`."""
+        failed = self.failed_of(transfer_ids)
+        return failed, False, self.failures(failed)
 
     def failed_of(self, transfer_ids: Iterable[int]) -> set[int]:
         """Those of `transfer_ids` (launched) whose copy raised; blocks until each has run.
@@ -237,11 +274,12 @@ class DeviceLayer:
                 failed.add(t)
         return failed
 
-    def wait_all(self, transfer_ids: list[int]) -> tuple[list[Launched], set[int]]:
-        """Issue everything queued; the launches, to synchronize on, and those whose copy failed."""
+    def wait_all(self, transfer_ids: list[int]) -> tuple[list[Launched], set[int], dict[int, TransferFailure]]:
+        """Issue everything queued; the launches, to synchronize on, those whose copy failed, the L3 ones' outcomes."""
         self.pump()
         pending = [self.launched[t] for t in transfer_ids]
-        return pending, self.failed_of(transfer_ids)
+        failed = self.failed_of(transfer_ids)
+        return pending, failed, self.failures(failed)
 
     def alive(self) -> bool:
         """Whether every stream's worker still runs (a dead one is found directly, never by a timeout)."""
@@ -261,6 +299,9 @@ class DeviceLayer:
         self.h2d = make_stream("h2d", self.device, schedule=self.schedule)
         self.d2h = make_stream("d2h", self.device, schedule=self.schedule)
         self._finalizer = weakref.finalize(self, _close_streams, (self.compute, self.h2d, self.d2h))
+        if self.l3 is not None:
+            self.l3.stream.close()
+            self.l3.stream = make_stream("storage", torch.device("cpu"), schedule=self.schedule)
         self.throttle = None if piece_pages is None else D2HThrottle(piece_pages, self._issue_piece, self._backup_issued)
         self.launched = {}
         self.compute_event = None
@@ -274,6 +315,11 @@ class DeviceLayer:
         self.pump()
         for stream in (self.compute, self.h2d, self.d2h):
             stream.synchronize()
+        if self.l3 is not None:
+            self.l3.stream.synchronize()
+            for stream in (self.h2d, self.d2h):  # a fetch's H2D and a persist's put follow their storage step
+                stream.synchronize()
+            self.l3.stream.synchronize()
         self.compute_event = None
 
     # -- ReqToToken and compute --------------------------------------------------------
@@ -340,8 +386,10 @@ class DeviceLayer:
         return {tier: tensor.flatten().tolist() for tier, tensor in values.items()}
 
     def close(self) -> None:
-        """Drain the streams and stop their workers."""
+        """Drain the streams and stop their workers (and the storage worker)."""
         self._finalizer()
+        if self.l3 is not None:
+            self.l3.close()
 
 
 def _die() -> None:

@@ -24,8 +24,10 @@ from cacheruntime.protocol import (
     Close,
     Demote,
     Drop,
+    Fetch,
     InvalidArgument,
     PageRun,
+    Persist,
     PreparedBatchHandle,
     Publish,
     Release,
@@ -33,7 +35,7 @@ from cacheruntime.protocol import (
     Restore,
 )
 
-_EXTENT_INTENTS = (Backup, Restore, Demote, Drop, Release)
+_EXTENT_INTENTS = (Backup, Restore, Demote, Drop, Release, Persist)
 _SEQUENCES = (tuple, list)
 
 
@@ -54,6 +56,16 @@ def tuple_argument(what: str, value: Any) -> tuple[Any, ...] | list[Any]:
     if type(value) is not tuple and not isinstance(value, _SEQUENCES):
         raise InvalidArgument(f"{what} must be a tuple, got {describe(value)} (use () for none)")
     return value
+
+
+def keys_argument(what: str, keys: object) -> None:
+    """L3 keys: a non-empty tuple of non-empty strings (control's, one per page)."""
+    seq = tuple_argument(what, keys)
+    if not seq:
+        raise InvalidArgument(f"{what} must name at least one key")
+    for key in seq:
+        if type(key) is not str or not key:
+            raise InvalidArgument(f"an L3 key in {what} must be a non-empty str, got {describe(key)}")
 
 
 def request_fields(request: object) -> None:
@@ -93,6 +105,11 @@ def intents_fields(what: str, intents: object) -> None:
     for intent in tuple_argument(what, intents):
         if isinstance(intent, _EXTENT_INTENTS):
             extent_fields(intent.extent)
+            if isinstance(intent, Persist):
+                keys_argument("Persist.keys", intent.keys)
+        elif isinstance(intent, Fetch):
+            request_fields(intent.request)
+            keys_argument("Fetch.keys", intent.keys)
         elif isinstance(intent, Publish):
             request_fields(intent.request)
             int_argument("Publish.first_page", intent.first_page)

@@ -26,6 +26,7 @@ from cacheruntime.protocol import (
     BatchPlan,
     BatchState,
     CacheExtentRef,
+    Fetch,
     InvalidPlan,
     ItemResult,
     NotPrepared,
@@ -41,6 +42,7 @@ from cacheruntime.protocol import (
 )
 from cacheruntime.runtime.ledger.arguments import batch_fields, intents_fields, items_fields
 from cacheruntime.runtime.ledger.decode import Mapping
+from cacheruntime.runtime.ledger.l3 import Fetches
 from cacheruntime.runtime.ledger.records import Batch, Slot
 
 if TYPE_CHECKING:
@@ -66,6 +68,7 @@ class CheckedPlan(NamedTuple):
     special: bool  # some item attaches or appends
     offsets: list[int] | None  # a decode step's offset of each new token in its page (decode.py)
     opened: int  # of those, how many are 0 (rows that need a new page)
+    fetches: Fetches | None = None  # slot -> the keys its Fetch reads into its row (l3.py)
 
 
 class Executed(NamedTuple):
@@ -96,6 +99,7 @@ class Batches(_Base):
         if not items:
             raise InvalidPlan("a plan needs at least one item")
         handles = self.item_handles(items, plan.intents)
+        fetches = self.check_fetches(plan, handles.slot_set) if self.l3 else None
         restoring: set[int] = set()  # pages a restore of the plan moves or keeps (dropping)
         moving: set[int] = set()  # of those, the pages it moves: each needs a free device page
         for intent in plan.intents:
@@ -105,19 +109,19 @@ class Batches(_Base):
         rows = handles.rows
         start_tokens = [slot.reserved_tokens for slot in rows]
         ends = list(map(operator.add, start_tokens, handles.lengths))
-        route = self.decode_route(handles, start_tokens, ends, len(moving))
+        route = None if fetches else self.decode_route(handles, start_tokens, ends, len(moving))
         if route is not None:
             starts, one_token, offsets, opened, need = route
         else:
-            starts, ends, need, one_token = self.check_items(handles.slots, rows, items, start_tokens, restoring, len(moving))
+            starts, ends, need, one_token = self.check_items(handles.slots, rows, items, start_tokens, restoring, len(moving), fetches or {})
             offsets, opened = None, 0
         self.require_free(Tier.L1, need)
-        return CheckedPlan(
-            plan, handles.slots, rows, handles.slot_set, handles.requests, starts, ends, start_tokens, one_token, handles.special, offsets, opened
-        )
+        self.require_free(Tier.L2, sum(map(len, fetches.values())) if fetches else 0)  # a staging page per fetched page
+        fields = (plan, handles.slots, rows, handles.slot_set, handles.requests, starts, ends, start_tokens, one_token, handles.special)
+        return CheckedPlan(*fields, offsets, opened, fetches or None)
 
     def check_items(
-        self, slots: list[int], rows: list[Slot], items: tuple[BatchItem, ...], start_tokens: list[int], restoring: set[int], moving: int
+        self, slots: list[int], rows: list[Slot], items: tuple[BatchItem, ...], start_tokens: list[int], restoring: set[int], moving: int, fetches: Fetches
     ) -> tuple[list[int], list[int], int, bool]:
         """Per item, in plan order: its tokens, attach, append and row size. (starts, ends, L1 pages needed, one token each)."""
         ps, max_tokens, extents, l1 = self.page_size, self.max_request_tokens, self.state.extents, Tier.L1
@@ -133,10 +137,11 @@ class Batches(_Base):
                 if new_tokens < 1:
                     raise InvalidPlan(f"slot {slot_id}: an item must compute at least one token")
                 one_token = False
-            end = reserved + new_tokens
+            fetched = len(fetches.get(slot_id, ()))
+            end = reserved + new_tokens + fetched * ps
+            if (item.attach or fetched) and reserved:
+                raise InvalidPlan(f"slot {slot_id}: attach and fetch are only allowed on an empty row")
             if item.attach:
-                if reserved:
-                    raise InvalidPlan(f"slot {slot_id}: attach is only allowed on an empty row")
                 if append and slot.produced <= slot.appended:
                     raise RequestBusy(f"slot {slot_id}: no previous output to append")
                 attached = referenced = 0
@@ -187,6 +192,7 @@ class Batches(_Base):
         """The general route: per item, reserve its tokens, attach its extents, open the pages its row lacks."""
         ps, pages, extents, special = self.page_size, self.state.pages, self.state.extents, checked.special
         mapping = Mapping([], [], [])
+        fetches = checked.fetches or {}
         for slot_id, slot, item, end in zip(checked.slots, checked.rows, checked.plan.items, checked.ends):
             slot.reserved_tokens = end
             slot.produced += 1
@@ -201,6 +207,13 @@ class Batches(_Base):
                     for page in extents[extent.generation].pages:
                         pages[page].holders += 1
                         row.append(page)
+                for index in range(first, len(row)):
+                    mapping.slots.append(slot_id)
+                    mapping.pages.append(index)
+                    mapping.phys.append(pages[row[index]].copies[Tier.L1].phys)
+            if slot_id in fetches:
+                first = len(row)
+                row += self.fetch_into_row(fetches[slot_id])
                 for index in range(first, len(row)):
                     mapping.slots.append(slot_id)
                     mapping.pages.append(index)
@@ -246,7 +259,7 @@ class Batches(_Base):
         assert isinstance(record, Batch)
         self.check_execute_order(batch, record.slot_set)
         intents = record.plan.intents
-        if any(not isinstance(intent, Restore) for intent in intents):
+        if any(not isinstance(intent, (Restore, Fetch)) for intent in intents):
             self.txn.start_journal()  # an intent can still fail after the items changed the state
         all_slots, ps = self.state.slots, self.page_size
         rows = list(map(all_slots.__getitem__, record.slots))
@@ -272,7 +285,7 @@ class Batches(_Base):
         published: list[CacheExtentRef] = []
         tickets: list[TransferTicket] = []
         for intent in intents:
-            if not isinstance(intent, Restore):
+            if not isinstance(intent, (Restore, Fetch)):
                 outcome = self.apply_intent(intent)
                 if isinstance(outcome, CacheExtentRef):
                     published.append(outcome)
@@ -281,17 +294,17 @@ class Batches(_Base):
         return Executed(record, rows, first_tags, ready, tuple(published), tuple(tickets), True, unreadable)
 
     def unreadable_attached(self, record: Batch, rows: list[Slot]) -> tuple[int, ...]:
-        """The pages the batch attached that have no device copy once its restores are awaited: their
-        restore failed (now, or reported before this execute). Only attached pages can be such (rows'
-        own pages are computed on the device), and an attaching item's row starts with them."""
-        if not any(item.attach for item in record.plan.items):
+        """The pages the batch attached or fetched with no device copy once its restores and fetches are awaited: these
+        failed. Only such pages can lack one (the rest are computed on the device), and an item's row starts with them."""
+        fetched = {intent.request.slot_id: len(intent.keys) for intent in record.plan.intents if isinstance(intent, Fetch)}
+        if not fetched and not any(item.attach for item in record.plan.items):
             return ()
         pages, l1 = self.state.pages, Tier.L1
         unreadable = []
-        for slot, item in zip(rows, record.plan.items):
-            if item.attach:
-                attached = sum(extent.page_count for extent in item.attach)
-                unreadable += [name for name in slot.pages[:attached] if l1 not in pages[name].copies]
+        for slot_id, slot, item in zip(record.slots, rows, record.plan.items):
+            filled = sum(extent.page_count for extent in item.attach) + fetched.get(slot_id, 0)
+            if filled:
+                unreadable += [name for name in slot.pages[:filled] if l1 not in pages[name].copies]
         return tuple(unreadable)
 
     def settle(self, executed: Executed, batch_id: int) -> None:

@@ -24,6 +24,7 @@ from cacheruntime.protocol import (
     InvalidPageRun,
     InvalidPlan,
     NotBackedUp,
+    Persist,
     Publish,
     Release,
     RequestBusy,
@@ -140,12 +141,14 @@ class Extents(_Base):
         if isinstance(intent, Close):
             self.close_row(intent.request)
             return None
-        assert not isinstance(intent, Fetch), "L3 intents are not applied by this runtime yet (spec/protocol.md §9; issue 21)"
+        assert not isinstance(intent, Fetch), "a Fetch starts at prepare_batch (Batches.apply_plan), as a Restore does"
         self.check_intent_handles(intent)
         record = st.extents[intent.extent.generation]
         if isinstance(intent, Release):
             self.release_ref(intent.extent.generation)
             return None
+        if isinstance(intent, Persist):
+            return self.start_persist(intent, record.pages)
         if isinstance(intent, Backup):
             todo = [p for p in record.pages if Tier.L2 not in st.pages[p].copies]
             self.require_free(Tier.L2, len(todo))
@@ -168,11 +171,13 @@ class Extents(_Base):
             return None
         raise InvalidPlan(f"unknown intent {type(intent).__name__}")
 
-    def submit(self, intents: tuple[TierIntent, ...]) -> tuple[TransferTicket, ...]:
-        """Standalone tier intents: every handle first, then each intent in order; a ticket per Backup and Restore."""
+    def submit(self, intents: tuple[TierIntent | Persist, ...]) -> tuple[TransferTicket, ...]:
+        """Standalone tier intents: every handle first, then each intent in order; a ticket per Backup, Restore and Persist."""
         intents_fields("submit's intents", intents)
         for intent in intents:
-            if not isinstance(intent, (Backup, Restore, Demote, Drop)):
+            if isinstance(intent, Fetch):
+                raise InvalidPlan("a Fetch fills a request's row: send it in the plan of that request's item")
+            if not isinstance(intent, (Backup, Restore, Demote, Drop, Persist)):
                 raise InvalidPlan(f"submit takes tier intents only, got {type(intent).__name__}")
             self.check_intent_handles(intent)
         tickets = []

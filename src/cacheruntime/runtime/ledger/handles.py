@@ -18,10 +18,13 @@ from cacheruntime.protocol import (
     Close,
     Demote,
     Drop,
+    Fetch,
     ForeignRuntime,
     Intent,
     InvalidPlan,
     NoL2,
+    NoL3,
+    Persist,
     PreparedBatchHandle,
     Publish,
     Release,
@@ -153,8 +156,15 @@ class HandleChecks(_Base):
         elif isinstance(intent, (Backup, Restore, Demote, Drop, Release)):
             extent_fields(intent.extent)
             self.check_extent(intent.extent)
-            if not isinstance(intent, Release) and not self.l2_pages:
-                raise NoL2("this runtime has no L2 tier")
+            if not isinstance(intent, Release) and not self.has_l2:
+                raise NoL2("this runtime has no L2 tier" + (" (its host pages are staging only: buffer_only)" if self.l2_pages else ""))
+        elif isinstance(intent, (Persist, Fetch)):
+            if isinstance(intent, Persist):
+                self.check_extent(intent.extent)
+            else:
+                self.check_slot(intent.request)
+            if not self.l3:
+                raise NoL3("this runtime has no L3 store: give LocalGPURuntime an l3 store")
         else:
             raise InvalidPlan(f"unknown intent {type(intent).__name__}")
 

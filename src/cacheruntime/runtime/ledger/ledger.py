@@ -10,6 +10,7 @@ that overrides one public method, passed to `LocalGPURuntime(ledger_class=...)`.
 
 from __future__ import annotations
 
+import collections.abc
 from array import array
 from collections import deque
 from collections.abc import Iterable
@@ -18,20 +19,25 @@ from typing import TYPE_CHECKING
 from cacheruntime.protocol import (
     AbstractState,
     BatchItem,
+    BatchPlan,
     BatchState,
     BatchView,
     CacheExtentRef,
     CopyState,
     ExtentView,
     FaultKind,
+    HostMode,
     Intent,
+    ObjectView,
     PageView,
+    Persist,
     PoolView,
     PreparedBatchHandle,
     RequestRuntimeHandle,
     SlotView,
     Tier,
     TransferCompletion,
+    TransferFailure,
     TransferKind,
     TransferTicket,
     TransferView,
@@ -96,6 +102,12 @@ class LedgerBase:
         def start_restore(self, extent: CacheExtentRef, todo: list[int]) -> TransferTicket: ...
         def fail_transfer(self, transfer_id: int) -> None: ...
         def count_toward_fault(self, kind: FaultKind) -> bool: ...
+        def _run_deferred(self, pool: Pool, transfer_id: int) -> None: ...
+        def fetch_into_row(self, keys: tuple[str, ...]) -> list[int]: ...
+        def check_fetches(self, plan: BatchPlan, slots: frozenset[int]) -> dict[int, tuple[str, ...]]: ...
+        def start_persist(self, intent: Persist, pages: tuple[int, ...]) -> TransferTicket: ...
+        def complete_l3(self, transfer_id: int) -> None: ...
+        def fail_l3(self, transfer_id: int, failure: TransferFailure) -> None: ...
 
     def __init__(
         self,
@@ -111,12 +123,17 @@ class LedgerBase:
         reporting: Reporting = Reporting.EAGER,
         seed: int = 0,
         vocab_size: int = 1 << 20,
+        host_mode: HostMode = HostMode.RESIDENT,
+        l3: bool = False,
     ):
         self.runtime_id = runtime_id
         self.vocab_size = vocab_size  # token ids a plan may carry: 0 .. vocab_size-1
         self.page_size = page_size
         self.max_request_tokens = max_request_tokens
         self.l2_pages = l2_pages
+        self.resident = host_mode is HostMode.RESIDENT  # host pages are a tier (L2), not staging only
+        self.has_l2 = bool(l2_pages) and self.resident
+        self.l3 = l3  # a store is there (the L3 capability)
         self.numbering = numbering
         self.allocator = Allocator(free_order, seed)
         self.reporting = reporting
@@ -164,7 +181,7 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
         """RuntimeLost: the machinery is gone; every call but info and restart raises RuntimeFault until restart."""
         self.state.lost = True
 
-    def restart(self, failed: Iterable[int] = (), abandoned: bool = False) -> None:
+    def restart(self, failed: Iterable[int] = (), abandoned: bool = False, failures: collections.abc.Mapping[int, TransferFailure] | None = None) -> None:
         """A new epoch: every slot's generation moves past its live handle, everything else is forgotten.
 
         Version tags and memory contents carry over (as memory does). Every transfer in
@@ -174,12 +191,13 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
         (`abandoned`) nothing drained: the transfers in flight are forgotten as they are.
         """
         if not abandoned:
-            self.complete_all(failed)
+            self.complete_all(failed, failures)
         st = self.state
         generations = [slot.generation + int(slot.live) for slot in st.slots]
         tags = {tier: pool.tags for tier, pool in st.pools.items()}
         self.state = self.fresh_state(st.epoch + 1, generations, tags, st.next_version)
         self.state.faults = st.faults  # injections are the harness's, not the epoch's
+        self.state.objects = st.objects  # the store outlives the runtime's epochs
         self.held = []
 
     def continue_lost(self, epoch: int, generations: list[int]) -> None:
@@ -191,8 +209,9 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
         st = self.state
         self.state = self.fresh_state(epoch, list(generations), {tier: pool.tags for tier, pool in st.pools.items()}, st.next_version)
 
-    def abstract_state(self, tags: dict[Tier, list[int]]) -> AbstractState:
-        """The state `probe()` shows, with `tags` as what each physical page holds."""
+    def abstract_state(self, tags: dict[Tier, list[int]], objects: dict[str, tuple[int, ...]] | None = None) -> AbstractState:
+        """The state `probe()` shows, with `tags` as what each physical page holds and `objects` as
+        what the store holds (the ledger's record of the objects when None)."""
         st, ps = self.state, self.page_size
         empty = (0,) * ps
 
@@ -234,8 +253,10 @@ class Ledger(HandleChecks, Pages, Extents, Batches, Decode, Transfers, LedgerBas
             extents=tuple(ExtentView(g, e.pages, e.refcount) for g, e in sorted(st.extents.items())),
             batches=tuple(sorted(prepared + finished, key=lambda view: view.batch_id)),
             transfers=tuple(
-                TransferView(t, tr.kind, tuple(p for p, _, _ in tr.pages), tuple(s for _, s, _ in tr.pages), tuple(d for _, _, d in tr.pages))
+                TransferView(t, tr.kind, tuple(p for p, _, _ in tr.pages), tuple(s for _, s, _ in tr.pages), tuple(d for _, _, d in tr.pages if d >= 0))
                 for t, tr in sorted(st.transfers.items())
             ),
             boundary_calls=tuple(sorted(st.calls.items())),
+            objects=tuple(ObjectView(key, tags) for key, tags in sorted((st.objects if objects is None else objects).items())),
+            page_keys=tuple(sorted(st.keys.items())),
         )

@@ -97,6 +97,10 @@ class Pages(_Base):
                 self.drop_copy(name, tier)
             del pages[name]
             self.txn.undo(lambda: pages.__setitem__(name, page))
+            keys = self.state.keys
+            if name in keys:
+                key = keys.pop(name)
+                self.txn.undo(lambda: keys.__setitem__(name, key))
 
     def add_holder(self, name: int) -> None:
         """A page name gains a holder (an extent published over it, a row attaching it)."""

@@ -139,6 +139,7 @@ class Transfer:
     waits_for: set[int]
     ticket: TransferTicket
     touched: set[int] = field(default_factory=set)  # `touch_key` of each page it reads or writes
+    keys: tuple[str, ...] = ()  # an L3 transfer's key per page (`l3.py`)
 
     @property
     def tiers(self) -> tuple[Tier, Tier]:
@@ -168,6 +169,8 @@ class State:
     lost: bool = False  # RuntimeLost: the machinery is gone; every call but info and restart raises RuntimeFault
     faults: list[tuple[FaultKind, int]] = field(default_factory=list)  # pending injections: (kind, how many more to count)
     doomed: set[int] = field(default_factory=set)  # transfers an injection picked: the device layer fails their copy
+    objects: dict[str, tuple[int, ...]] = field(default_factory=dict)  # L3: the tags of the objects this runtime wrote or read
+    keys: dict[int, str] = field(default_factory=dict)  # L3: the key a Persist or Fetch gave each page name
 
 
 def touch_key(tier: Tier, phys: int) -> int:

@@ -11,11 +11,12 @@ choice (`choices.Reporting`), their order is not (by transfer id).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from cacheruntime.protocol import CacheExtentRef, FaultKind, NotBackedUp, Tier, TransferCompletion, TransferFailure, TransferKind, TransferTicket
 from cacheruntime.runtime.ledger.choices import Reporting
+from cacheruntime.runtime.ledger.l3 import L3_KINDS, L3Tier
 from cacheruntime.runtime.ledger.pages import new_copy
 from cacheruntime.runtime.ledger.records import DROPPING, FILLING, VALID, Copy, Pool, Transfer, touch_keys
 
@@ -27,7 +28,11 @@ else:
     _Base = object
 
 
-class Transfers(_Base):
+#: The transfers that fill device copies, which compute waits for (KV_READY, O1).
+FILLS_L1 = frozenset({TransferKind.RESTORE, TransferKind.FETCH})
+
+
+class Transfers(L3Tier):
     """Tier moves between a page's copies, in the ledger."""
 
     def restore_pages(self, extent: CacheExtentRef) -> list[int]:
@@ -102,6 +107,9 @@ class Transfers(_Base):
     def complete_transfer(self, transfer_id: int) -> None:
         """The transfer's copies are valid; the deferred frees it blocked run; its completion is queued."""
         st, txn = self.state, self.txn
+        if st.transfers[transfer_id].kind in L3_KINDS:
+            self.complete_l3(transfer_id)
+            return
         record = st.transfers.pop(transfer_id)
         txn.undo(lambda: st.transfers.__setitem__(transfer_id, record))
         src_tier, dst_tier = record.tiers
@@ -129,10 +137,14 @@ class Transfers(_Base):
         st.unreported.append(TransferCompletion(record.ticket))
         txn.undo(st.unreported.pop)
 
-    def fail_transfer(self, transfer_id: int) -> None:
+    def fail_transfer(self, transfer_id: int, failure: TransferFailure = TransferFailure.COPY) -> None:
         """The transfer's copy failed: its destination copies go, its DROPPING sources are VALID
-        again, the deferred frees it blocked run, a failed completion is queued (F1, §5.3)."""
+        again, the deferred frees it blocked run, a failed completion is queued (F1, §5.3). An L3
+        transfer fails with `failure` (MISS or STORE: the device layer's finding; STORE when none)."""
         st, txn = self.state, self.txn
+        if st.transfers[transfer_id].kind in L3_KINDS:
+            self.fail_l3(transfer_id, failure if failure is not TransferFailure.COPY else TransferFailure.STORE)
+            return
         record = st.transfers.pop(transfer_id)
         txn.undo(lambda: st.transfers.__setitem__(transfer_id, record))
         if transfer_id in st.doomed:
@@ -169,12 +181,12 @@ class Transfers(_Base):
                 pool.free.append(phys)
                 undo(functools.partial(_unfree_deferred, pool, phys, waiting))
 
-    def complete_in_order(self, done: Iterable[int], failed: Iterable[int] = ()) -> None:
+    def complete_in_order(self, done: Iterable[int], failed: Iterable[int] = (), failures: Mapping[int, TransferFailure] | None = None) -> None:
         """Complete the transfers of `done` still in flight, each only after those it waits for;
-        those of `failed` (their copy raised) fail instead."""
+        those of `failed` (their copy raised) fail instead, with `failures`' outcome where it has one."""
         transfers = self.state.transfers
         for t in sorted(set(failed) & transfers.keys()):
-            self.fail_transfer(t)
+            self.fail_with(t, failures)
         done = set(done)
         progress = True
         while progress:
@@ -184,21 +196,27 @@ class Transfers(_Base):
                     self.complete_transfer(t)
                     progress = True
 
-    def complete_all(self, failed: Iterable[int] = ()) -> None:
+    def complete_all(self, failed: Iterable[int] = (), failures: Mapping[int, TransferFailure] | None = None) -> None:
         """Complete every transfer in flight, dependencies first; those of `failed` fail instead."""
         transfers = self.state.transfers
         for t in sorted(set(failed) & transfers.keys()):
-            self.fail_transfer(t)
+            self.fail_with(t, failures)
         while transfers:
             self.complete_transfer(next(t for t in sorted(transfers) if not transfers[t].waits_for & transfers.keys()))
 
+    def fail_with(self, transfer_id: int, failures: Mapping[int, TransferFailure] | None) -> None:
+        """Fail the transfer with the outcome `failures` gives it (a plain failed copy when none)."""
+        if failures and transfer_id in failures:
+            self.fail_transfer(transfer_id, failures[transfer_id])
+        else:
+            self.fail_transfer(transfer_id)
+
     def restoring_pages(self) -> set[int]:
-        """Page names that restores not yet completed fill (empty, and cheap, when none is in flight)."""
+        """Page names that restores and fetches not yet completed fill (empty, and cheap, when none is in flight)."""
         transfers = self.state.transfers
         if not transfers:
             return set()
-        restore = TransferKind.RESTORE
-        return {p for tr in transfers.values() if tr.kind is restore for p, _, _ in tr.pages}
+        return {p for tr in transfers.values() if tr.kind in FILLS_L1 for p, _, _ in tr.pages}
 
     def await_restores(self, pages: set[int]) -> list[int]:
         """Complete, in dependency order, every transfer filling an L1 copy of `pages`; return their ids.
@@ -209,7 +227,7 @@ class Transfers(_Base):
         transfers = self.state.transfers
         completed: list[int] = []
         while True:
-            waiting = [t for t, tr in transfers.items() if tr.kind is TransferKind.RESTORE and any(p in pages for p, _, _ in tr.pages)]
+            waiting = [t for t, tr in transfers.items() if tr.kind in FILLS_L1 and any(p in pages for p, _, _ in tr.pages)]
             if not waiting:
                 return completed
             chain = {min(waiting)}

@@ -965,7 +965,7 @@ SITUATION_KILLED_BY: dict[str, str] = {
     "slot_range_inclusive": "tiers",
     "missing_extent_stale": "core",
     "split_shared_off_by_one": "core",
-    "split_at_zero_accepted": "tiers",
+    "split_at_zero_accepted": "core",
     "submit_accepts_release": "core",
     "plan_restore_counts_resident": "tiers",
     "attach_counts_attached_pages": "tiers",

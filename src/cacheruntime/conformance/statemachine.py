@@ -117,6 +117,7 @@ class Check:
 
 #: The rules that send forged handles and wrong calls: the core and tiers checks cover them
 #: at full speed, so the ordering check spends its slow steps on transfers instead.
+#: `retain_reissued_ref` needs restarts: only the restart check draws it.
 MISUSE_RULES = frozenset(
     {
         "close_forged_request",

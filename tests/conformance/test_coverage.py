@@ -74,3 +74,25 @@ def test_guided_steps_reach_the_situations_of_the_last_survivors():
     assert "compute over two restores in flight" in reached["hit_two_evicted"]
     assert "Close intent on a request a later batch holds" in reached["pipeline"]
     assert "publish of a negative first page" in reached["plain_plan_errors"]
+
+
+def test_guided_steps_reach_the_situations_of_the_situation_survivors():
+    """The steps built for the last survivors of the situation mutants reach their situations on the landed runtime."""
+    for check, step, kwargs, situation in (
+        ("core", "forge_live_handle", {"i": 0, "how": "generation_ahead", "operation": "retain"}, "request handle a generation ahead of its slot"),
+        ("core", "forge_live_handle", {"i": 0, "how": "runs_cut", "operation": "release"}, "a real extent's pages cut into other runs"),
+        ("core", "forge_live_handle", {"i": 0, "how": "runs_rotated", "operation": "retain"}, "a real extent's whole runs in another order"),
+        ("tiers", "move_part_of_overlap", {"i": 0, "how": "demote_half_backed"}, "Demote of an extent whose first page alone is on the host"),
+        ("tiers", "move_part_of_overlap", {"i": 1, "how": "drop_half_resident"}, "Drop of an extent whose first page alone is on the device"),
+        ("tiers", "fill_host", {"keep_free": 2, "pages": 4, "then": "backup_in_plan"}, "OutOfPages(L2) from a plan's Backup"),
+        ("restart", "retain_reissued_ref", {"i": 0}, "retain of an old epoch's ref reissued"),
+    ):
+        machine = machine_for(LOCAL, check=check)
+        with coverage.recording() as reach:
+            state = machine()
+            state.start(0)
+            state.schedule_step(picks=[0], n=5, insert=True)
+            state.schedule_step(picks=[0], n=5, insert=True)
+            getattr(state, step)(**kwargs)
+            state.teardown()
+        assert reach[check].cases[situation] == 1, (step, kwargs)

@@ -28,6 +28,7 @@ from hypothesis import event
 from hypothesis.control import currently_in_test_context
 
 from cacheruntime import pageruns
+from cacheruntime.conformance.renaming import UNCOALESCED
 from cacheruntime.model.records import State
 from cacheruntime.protocol import (
     Backup,
@@ -38,6 +39,7 @@ from cacheruntime.protocol import (
     Demote,
     Drop,
     OutOfPages,
+    PageRun,
     Publish,
     RequestRuntimeHandle,
     Restore,
@@ -135,6 +137,36 @@ SITUATIONS: tuple[Situation, ...] = (
         2,
     ),
     Situation("publish of a negative first page", "InvalidPageRun: a publish range that begins before the row's first page", _checks("core"), 2),
+    # what the situation mutants' last survivors need (situations.SITUATION_SURVIVORS, before 2026-12-02)
+    Situation("request handle a generation ahead of its slot", "a request handle whose generation is above its slot's", _checks("core"), 2),
+    Situation(
+        "a real extent's pages cut into other runs",
+        "a live extent's ref naming its pages in order, in runs that are not the coalesced ones",
+        _checks("core"),
+        2,
+    ),
+    Situation("a real extent's whole runs in another order", "a live extent's ref with its issued runs, two or more, reordered", _checks("core"), 2),
+    Situation(
+        "Demote of an extent whose first page alone is on the host",
+        "NotBackedUp from a Demote of an extent whose first page has a host copy and a later page none",
+        _checks("tiers"),
+        2,
+    ),
+    Situation(
+        "Drop of an extent whose first page alone is on the device",
+        "WouldLoseData from a Drop of an extent whose first page has a device copy and a later page none",
+        _checks("tiers"),
+        2,
+    ),
+    Situation(
+        "OutOfPages(L2) from a plan's Backup", "execute_batch raises OutOfPages on the host tier: a Backup intent short of host pages", _checks("tiers"), 1
+    ),
+    Situation(
+        "retain of an old epoch's ref reissued",
+        "retain of a ref of an earlier epoch whose generation and runs the current epoch issued again",
+        _checks("restart"),
+        2,
+    ),
 )
 
 #: Per operation, the error classes the suite claims to drive it into in a check's CI profile
@@ -258,6 +290,10 @@ def _intents(operation: str, args: tuple) -> tuple:
     return ()
 
 
+#: The error of a move whose extent has a page without the copy the move keeps.
+_MOVE_ERRORS = {Demote: "NotBackedUp", Drop: "WouldLoseData"}
+
+
 def _restoring_reads(state: State) -> set[int]:
     """Page names whose host copy an in-flight restore reads."""
     return {name for t in state.transfers.values() if t.kind is TransferKind.RESTORE for name, _, _ in t.pages}
@@ -287,6 +323,9 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
         if isinstance(handle, RequestRuntimeHandle) and handle.epoch == before.epoch and 0 <= handle.slot_id < len(before.slots):
             if before.slots[handle.slot_id].generation >= handle.generation + 2:
                 add("handle 2+ generations stale")
+        if isinstance(handle, RequestRuntimeHandle) and handle.epoch == before.epoch and 0 <= handle.slot_id < len(before.slots):
+            if handle.generation > before.slots[handle.slot_id].generation:
+                add("request handle a generation ahead of its slot")
         if isinstance(handle, CacheExtentRef) and handle.epoch == before.epoch and handle.generation in before.extents:
             issued, names = before.extents[handle.generation].pages, pageruns.expand(handle.page_runs)
             if names != issued and set(names) == set(issued):  # judged on the names: renaming may coalesce runs anew
@@ -294,6 +333,14 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
                     add("repeated page runs of a real extent")
                 else:
                     add("rearranged page runs of a real extent")
+            runs = pageruns.coalesce(issued)
+            if len(runs) > 1 and tuple(handle.page_runs) != runs and sorted(map(_run_key, handle.page_runs)) == sorted(map(_run_key, runs)):
+                add("a real extent's whole runs in another order")
+            if names == (*issued, UNCOALESCED):  # the renaming's mark of runs that are not the coalesced runs of their names
+                add("a real extent's pages cut into other runs")
+        if isinstance(handle, CacheExtentRef) and operation == "retain" and handle.epoch < before.epoch and handle.generation in before.extents:
+            if pageruns.coalesce(before.extents[handle.generation].pages) == tuple(handle.page_runs):
+                add("retain of an old epoch's ref reissued")
     # split
     if operation == "split" and error is None and args[0].generation in before.extents and len(before.extents[args[0].generation].pages) >= 3:
         add("split of an extent of 3+ pages")
@@ -384,6 +431,14 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
                 if pages & attached:
                     add("Demote of an extent a prepared batch attached")
                     break
+    for intent in intents:  # the error a test of the first page alone misses (an earlier intent of the call may have moved the pages)
+        if isinstance(intent, Demote | Drop) and intent.extent.generation in before.extents and raised == _MOVE_ERRORS[type(intent)]:
+            tier = Tier.L2 if isinstance(intent, Demote) else Tier.L1
+            first, *later = (tier in before.pages[p].copies for p in before.extents[intent.extent.generation].pages)
+            if first and not all(later):
+                add(f"{type(intent).__name__} of an extent whose first page alone is on the {'host' if tier is Tier.L2 else 'device'}")
+    if operation == "execute_batch" and isinstance(error, OutOfPages) and error.tier is Tier.L2:
+        add("OutOfPages(L2) from a plan's Backup")
     reading = _restoring_reads(before)
     for intent in intents:
         if isinstance(intent, Drop) and intent.extent.generation in before.extents and reading & set(before.extents[intent.extent.generation].pages):
@@ -407,6 +462,10 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
             if any(start % ps for start in before.batches[batch_id].start_tokens):
                 add("cancel back to a partly written page")
     return list(dict.fromkeys(found))
+
+
+def _run_key(run: PageRun) -> tuple[int, int]:
+    return run.first_page, run.page_count
 
 
 def _pages_of(state: State, ref: CacheExtentRef) -> tuple[int, ...]:

@@ -33,6 +33,10 @@ from cacheruntime.protocol import CacheExtentRef, PageRun, PreparedBatchHandle, 
 
 #: The first phantom value: above anything the model issues in a conformance run.
 PHANTOM = 10**9
+#: The phantom page a ref's runs carry to the model when they are not the coalesced runs of
+#: their names (never issued, see `_model_runs`): one fixed value above every other phantom,
+#: so that the suite's coverage can tell a real extent's pages cut into other runs.
+UNCOALESCED = 2 * PHANTOM
 
 
 class Kind(enum.Enum):
@@ -145,7 +149,7 @@ class Renaming:
         names = pageruns.expand(runs)
         renamed = pageruns.coalesce(self.to_model(Kind.PAGE, epoch, name) for name in names)
         if tuple(runs) != pageruns.coalesce(names):
-            renamed += (PageRun(self._phantoms.setdefault((Kind.PAGE, epoch, -1), PHANTOM + len(self._phantoms)), 1),)
+            renamed += (PageRun(UNCOALESCED, 1),)
         return renamed
 
     # -- model values to the runtime --------------------------------------------------

@@ -117,7 +117,20 @@ class Check:
 
 #: The rules that send forged handles and wrong calls: the core and tiers checks cover them
 #: at full speed, so the ordering check spends its slow steps on transfers instead.
-MISUSE_RULES = frozenset({"close_forged_request", "release_forged_extent", "misuse", "use_forged_batch", "use_reordered_runs", "submit_two_faults"})
+#: `retain_reissued_ref` needs restarts: only the restart check draws it.
+MISUSE_RULES = frozenset(
+    {
+        "close_forged_request",
+        "release_forged_extent",
+        "misuse",
+        "use_forged_batch",
+        "use_reordered_runs",
+        "submit_two_faults",
+        "forge_live_handle",
+        "move_part_of_overlap",
+        "retain_reissued_ref",
+    }
+)
 
 #: The rules that drive the pools to their limits. Under the delay knob whether a call meets
 #: OutOfPages depends on which transfers have completed (deferred frees), that is on the
@@ -159,7 +172,7 @@ CHECKS: dict[str, Check] = {
             True,
             ORDERING_DELAY,
             "restart with work in flight (slowed by the delay knob where claimed); every old handle stale",
-            (MISUSE_RULES - {"misuse"}) | PRESSURE_RULES,
+            (MISUSE_RULES - {"misuse", "retain_reissued_ref"}) | PRESSURE_RULES,
         ),
         Check(
             "ordering",
@@ -336,14 +349,32 @@ class RuntimeConformance(RuleBasedStateMachine):
             self._call("close_request", self._live_request(i))
         return self._call("open_request")
 
-    def _publish_fresh(self, i: int) -> None:
-        """A new request computes two pages of tokens and publishes them: one more live extent."""
+    def _publish_fresh(self, i: int) -> CacheExtentRef | None:
+        """A new request computes two pages of tokens and publishes them: one more live extent (its ref)."""
         request = self._free_slot(i)
         if request is None:
-            return
+            return None
         handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(2 * self.info.page_size))),)))
         if handle is not None and self._call("execute_batch", handle) is not None:
-            self._call("publish", request, 0, 2)
+            return self._call("publish", request, 0, 2)
+        return None
+
+    def _publish_interleaved(self, i: int) -> CacheExtentRef | None:
+        """Two new requests compute a page each in one batch, then the first a second page, and it
+        publishes both: its row's pages are not consecutive where the runtime allocates in turn (two runs)."""
+        first = self._free_slot(i)
+        if first is None:
+            return None
+        self._make_room(3, first)
+        second = self._call("open_request")
+        if second is None:
+            return None
+        ps = self.info.page_size
+        for items in ((BatchItem(first, tuple(range(ps))), BatchItem(second, tuple(range(ps)))), (BatchItem(first, tuple(range(ps))),)):
+            handle = self._call("prepare_batch", BatchPlan(items))
+            if handle is None or self._call("execute_batch", handle) is None:
+                return None
+        return self._call("publish", first, 0, 2)
 
     def _close_rows_over(self, pages: list[int]) -> None:
         """The live requests whose rows map any of `pages` finish (as before an eviction)."""
@@ -397,6 +428,26 @@ class RuntimeConformance(RuleBasedStateMachine):
             if not set(first[1]) & set(other[1]):
                 return first, other
         return None
+
+    def _backup_in_plan_when_full(self) -> None:
+        """A new prompt of one page more than the host has free is inserted, and the next batch of its
+        request carries its Backup: refused at execute_batch (OutOfPages(L2)), as submit refuses it."""
+        self._completions("wait_completions")  # the backups land: the evicted prompts' device pages come free
+        request = self._free_slot(1)
+        if request is None:
+            return
+        ps, slot = self.info.page_size, self.model.state.slots[request.slot_id]
+        pages = len(self.model.state.pools[Tier.L2].free) + 1
+        tokens = pages * ps - slot.reserved_tokens % ps
+        if slot.reserved_tokens + tokens + 1 > self.info.max_request_tokens:
+            return
+        handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(tokens))),)))
+        if handle is None or self._call("execute_batch", handle) is None:
+            return
+        extent = self._call("publish", request, self.model.state.slots[request.slot_id].num_tokens // ps - pages, pages)
+        handle = None if extent is None else self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),), (Backup(extent),)))
+        if handle is not None:
+            self._call("execute_batch", handle)
 
     def _inject(self, kind: FaultKind) -> None:
         """The next transfer of `kind` (moving a page), compute or launch fails, on both sides (LOST: the runtime's)."""
@@ -1022,6 +1073,35 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             forged = attrs.evolve(extent, page_runs=runs)
             self._call(operation, *((forged, 1) if operation == "split" else (forged,)))
 
+        @rule(i=st.integers(0, 7), how=st.sampled_from(["generation_ahead", "runs_cut", "runs_rotated"]), operation=st.sampled_from(["retain", "release"]))
+        def forge_live_handle(self, i, how, operation):
+            """A handle forged from a live one the runtime issued, each never issued (UnknownHandle): the i-th
+            live request's with the generation its slot will have next; the i-th live extent's ref with a run
+            of two or more pages cut in two (the same pages, other runs), or with its whole runs in another
+            order (an extent of two or more runs, made when none is live: a row whose pages another row's
+            first page interleaves)."""
+            if how == "generation_ahead":
+                request = self._live_request(i)
+                if request is not None:
+                    self._call("close_request", attrs.evolve(request, generation=request.generation + 1))
+                return
+            wanted = (lambda runs: any(run.page_count > 1 for run in runs)) if how == "runs_cut" else (lambda runs: len(runs) > 1)
+            refs = [ref for ref in (self._live_extent(k)[0] for k in range(len(self.model.state.extents))) if wanted(ref.page_runs)]
+            if not refs:
+                made = self._publish_fresh(i) if how == "runs_cut" else self._publish_interleaved(i)
+                refs = [made] if made is not None and wanted(made.page_runs) else []
+            if not refs:
+                return
+            extent = refs[i % len(refs)]
+            runs = extent.page_runs
+            if how == "runs_cut":
+                k = next(n for n, run in enumerate(runs) if run.page_count > 1)
+                cut = (PageRun(runs[k].first_page, 1), PageRun(runs[k].first_page + 1, runs[k].page_count - 1))
+                runs = runs[:k] + cut + runs[k + 1 :]
+            else:
+                runs = runs[1:] + runs[:1]
+            self._call(operation, attrs.evolve(extent, page_runs=runs))
+
         # -- extents --
 
         @rule(target=extents, request=requests, first_page=st.integers(-1, row_pages), page_count=st.integers(0, 4))
@@ -1321,6 +1401,36 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         Machine.hit_two_evicted = hit_two_evicted
 
+        @rule(i=st.integers(0, 7), how=st.sampled_from(["demote_half_backed", "drop_half_resident"]))
+        def move_part_of_overlap(self, i, how):
+            """The tree holds two extents over one row's pages, one page and both pages, and moves the longer
+            one when only part of it can go: a Demote when only its first page has a host copy
+            (NotBackedUp), or a Drop when its second page, demoted through the shorter extent, has no
+            device copy (WouldLoseData). Every page of an extent is checked, not the first."""
+            request = self._free_slot(i)
+            if request is None:
+                return
+            self._make_room(2, request)
+            handle = self._call("prepare_batch", BatchPlan((BatchItem(request, tuple(range(2 * ps))),)))
+            if handle is None or self._call("execute_batch", handle) is None:
+                return
+            slot = self.model.state.slots[request.slot_id]
+            first = slot.num_tokens // ps - 2
+            part = self._call("publish", request, first + 1 if how == "drop_half_resident" else first, 1)
+            whole = self._call("publish", request, first, 2)
+            if part is None or whole is None:
+                return
+            self._call("submit", (Backup(part if how == "demote_half_backed" else whole),))
+            self._completions("wait_completions")
+            self._call("close_request", request)
+            if how == "demote_half_backed":
+                self._call("submit", (Demote(whole),))
+                return
+            self._call("submit", (Demote(part),))
+            self._call("submit", (Drop(whole),))
+
+        Machine.move_part_of_overlap = move_part_of_overlap
+
         if the_check.delay:
 
             @when(lambda self: self.model.state.extents)
@@ -1406,7 +1516,7 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
         @rule(
             keep_free=st.integers(1, 3),
             pages=st.integers(3, 5),
-            then=st.sampled_from(["extend_and_backup", "hit_without_restore", "hit_short_of_pages", "backup_when_full", "cycle_host"]),
+            then=st.sampled_from(["extend_and_backup", "hit_without_restore", "hit_short_of_pages", "backup_when_full", "cycle_host", "backup_in_plan"]),
         )
         def fill_host(self, keep_free, pages, then):
             """A burst of long prompts, each inserted into the tree and evicted to the host once it finishes,
@@ -1450,6 +1560,9 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             if then == "backup_when_full":
                 for n in range(len(self.model.state.extents)):
                     self._call("submit", (Backup(self._live_extent(n)[0]),))
+                return
+            if then == "backup_in_plan":
+                self._backup_in_plan_when_full()
                 return
             request = self._free_slot(1)
             if request is None:
@@ -1561,6 +1674,20 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
                 self._call("execute_batch", stale)
 
         Machine.restart = restart
+
+        @rule(i=st.integers(0, 7))
+        def retain_reissued_ref(self, i):
+            """Restart, a new request publishes two pages, restart again and the same again: the second epoch
+            issues the first's ref anew but for its epoch (numbering starts over, §2.2), and a late retain of
+            the first epoch's ref is StaleHandle by its epoch alone (§3, check 2)."""
+            refs = []
+            for _ in range(2):
+                self._call("restart")
+                refs.append(self._publish_fresh(i))
+            if refs[0] is not None:
+                self._call("retain", refs[0])
+
+        Machine.retain_reissued_ref = retain_reissued_ref
 
     for name in the_check.leaves_out | (TIMED_LEAVES_OUT if timed else frozenset()):
         if hasattr(Machine, name):  # no longer a rule Hypothesis draws; still a method a script can call

@@ -34,7 +34,8 @@ table (20 of 31 killed on 2026-12-01 against the suite before its reach work, 23
 asserted in CI after it; after issue 17, 30 mutants on the suite's new draws, 23 killed;
 25 once the suite's rules sent a Close intent under a later batch, a negative first page,
 and a release while a restore reads, which killed those three and lost
-`future_generation_stale` to the new draws) is in docs/mutation-score.md.
+`future_generation_stale` to the new draws; all 30 once guided rules sent what the last
+seven need, 2026-12-02) is in docs/mutation-score.md.
 """
 
 from __future__ import annotations
@@ -929,51 +930,27 @@ SITUATIONS: dict[str, tuple[str, ...]] = {
     ),
     # added here: the generations a restart leaves (spec section 2.2), with or without work in flight
     "the slot generations after a restart": ("situation.restart_bumps_every_slot", "family.restart_keeps_live_generations"),
+    # added with the guided rules for the last survivors (coverage.SITUATIONS names each)
+    "a request handle a generation ahead of its slot": ("situation.future_generation_stale",),
+    "a real extent's pages cut into other runs": ("situation.runs_compared_as_pages",),
+    "a real extent's whole runs in another order": ("situation.runs_compared_sorted",),
+    "a retain of an old epoch's ref whose generation and runs the new epoch issued again": ("situation.retain_without_epoch",),
+    "a Demote or Drop of an extent whose first page alone has the copy it needs": (
+        "situation.demote_checks_first_page_backed",
+        "situation.drop_checks_first_page_resident",
+    ),
+    "OutOfPages(L2) from a Backup intent at execute_batch": ("situation.plan_backup_unchecked",),
 }
 
-#: Mutants the CI profile does not kill (measured 2026-12-01, all four checks, first
-#: violation; 11 against the suite this family was written beside, 5 once the suite's
-#: guided rules reached the named situations; `close_intent_ignores_busy`,
-#: `publish_negative_first_page` and `restore_readers_unprotected`, survivors after issue 17,
-#: die since the guided rules send their situations): name -> what it takes to catch it, as far
-#: as the spec tells. Each is a real
-#: bug: tests/runtime/test_situation_mutants.py tells it from the landed runtime with a
-#: directed call sequence.
-SITUATION_SURVIVORS: dict[str, str] = {
-    "future_generation_stale": (
-        "killed by core until the guided rules for the last survivors (end_pages_under_restore, hit_two_evicted, the "
-        "pipeline's close_intent_under_newer) changed every check's draws; on the new draws it survives all five checks "
-        "(measured 2026-12-02, 523 s under load 15-20): no case sends a request handle whose generation is above its "
-        "slot's (the bundle rule close_forged_request's next_generation forgery is not drawn). A guided forgery that closes "
-        "a live request's handle with generation + 1 (UnknownHandle) would reach it; not yet added"
-    ),
-    "runs_compared_as_pages": (
-        "survives all four checks on the draws after issue 17 too (measured 2026-12-02, 500 s under load); needs a ref naming a real extent's pages cut into other runs (PageRun(n, 2) sent as PageRun(n, 1), "
-        "PageRun(n + 1, 1)); the forgeries drawn seem to name other pages altogether"
-    ),
-    "retain_without_epoch": (
-        "survives all four checks on the draws after issue 17 too (measured 2026-12-02, 554 s under load); needs, after a restart, a new extent whose generation and runs equal an old-epoch ref's (the model's "
-        "numbering starts over: section 2.2), then retain of the old ref: StaleHandle by its epoch (section 3, check 2)"
-    ),
-    "drop_checks_first_page_resident": (
-        "survives all four checks on the draws after issue 17 too (measured 2026-12-02, 391 s under load); needs a Drop of an extent whose first page has a device copy and a later page has none: two overlapping "
-        "extents of one row, the shorter (over the later page) backed up and demoted"
-    ),
-    "runs_compared_sorted": (
-        "survives the five checks of the CI profile on the fixed seeds (runner.check_seed, measured 2026-12-02); killed by core "
-        "on the digest-derived draws of the same day: it needs a ref carrying a real extent's page runs in another order, for "
-        "an extent of two or more runs, which these draws do not send"
-    ),
-    "demote_checks_first_page_backed": (
-        "survives the five checks of the CI profile on the fixed seeds (runner.check_seed, measured 2026-12-02); killed by tiers "
-        "on the digest-derived draws of the same day: it needs a Demote of an extent whose first page is backed up and a later "
-        "page is not, which these draws do not send"
-    ),
-    "plan_backup_unchecked": (
-        "survives all four checks on the draws after issue 17 too (measured 2026-12-02, 644 s under load); needs a Backup intent in an execute_batch that needs more host pages than are free (OutOfPages(L2) at "
-        "execute, section 4.5): many host pages in use at once, which the CI profile does not reach"
-    ),
-}
+#: Mutants the CI profile does not kill: name -> what it takes to catch it, as far as the spec
+#: tells (each a real bug: tests/runtime/test_situation_mutants.py tells it from the landed
+#: runtime with a directed call sequence). Empty since 2026-12-02: the last seven
+#: (`future_generation_stale`, `runs_compared_as_pages`, `runs_compared_sorted`,
+#: `retain_without_epoch`, `drop_checks_first_page_resident`,
+#: `demote_checks_first_page_backed`, `plan_backup_unchecked`) die since the suite's guided
+#: rules `forge_live_handle`, `move_part_of_overlap`, `fill_host`'s `backup_in_plan` and
+#: `retain_reissued_ref` send their situations (docs/mutation-score.md).
+SITUATION_SURVIVORS: dict[str, str] = {}
 
 #: The check that killed each other mutant in the measured kill table (CI profile, first
 #: violation): trying it first gives the same verdict in less CI time.
@@ -988,7 +965,7 @@ SITUATION_KILLED_BY: dict[str, str] = {
     "slot_range_inclusive": "tiers",
     "missing_extent_stale": "core",
     "split_shared_off_by_one": "core",
-    "split_at_zero_accepted": "tiers",
+    "split_at_zero_accepted": "core",
     "submit_accepts_release": "core",
     "plan_restore_counts_resident": "tiers",
     "attach_counts_attached_pages": "tiers",
@@ -1001,4 +978,11 @@ SITUATION_KILLED_BY: dict[str, str] = {
     "host_window_16": "tiers",
     "plan_needed_without_restores": "tiers",
     "split_tail_from_second_page": "core",
+    "future_generation_stale": "core",
+    "runs_compared_as_pages": "core",
+    "runs_compared_sorted": "core",
+    "demote_checks_first_page_backed": "tiers",
+    "drop_checks_first_page_resident": "tiers",
+    "plan_backup_unchecked": "tiers",
+    "retain_without_epoch": "restart",
 }

@@ -7,13 +7,13 @@
 # missing) outside $OUT, and its configuration links, which point into /etc, are pointed at
 # the unpacked /etc. TLC then runs with one worker per core.
 # Usage (on the device machine, from the repository root):
-#   OUT=... DEEP_TOOLS=.whl bash scripts/gpu_tlc_deep.sh   (DEEP_MODEL=deep by default)
-# Writes $OUT/tlc_deep.log (TLC's progress lines: states generated, distinct, queue).
+#   OUT=... DEEP_TOOLS=.whl bash scripts/gpu_tlc_deep.sh
+# runs the manifest's deep model (a seeded simulation, tla/manifest.json); DEEP_CONFIG=MCDeep.cfg
+# runs that config's exhaustive search instead, for DEEP_SECONDS. Writes $OUT/tlc_deep.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT}" "${DEEP_TOOLS:?set DEEP_TOOLS to the folder holding the JRE .deb and tla2tools.jar}"
 DEEP_TOOLS=$(cd "$DEEP_TOOLS" && pwd)
-PYTHON=${PYTHON:-python3}
 jre_root=$(mktemp -d)
 deb=$(ls "$DEEP_TOOLS"/openjdk-*-jre-headless_*.deb | head -n 1)
 if command -v dpkg >/dev/null; then
@@ -21,13 +21,26 @@ if command -v dpkg >/dev/null; then
 else
   (cd "$jre_root" && ar x "$deb" && tar xf data.tar.*)
 fi
-home=$(ls -d "$jre_root"/usr/lib/jvm/java-*-openjdk-amd64 | head -n 1)
+home=$(readlink -f "$(ls -d "$jre_root"/usr/lib/jvm/java-*-openjdk-amd64 | head -n 1)")  # one of the two names is a link
 find "$home" -type l -lname '/etc/*' | while read -r link; do
   ln -sfn "$jre_root$(readlink "$link")" "$link"
 done
-export JAVA_HOME=$home CACHERUNTIME_TLA2TOOLS=$DEEP_TOOLS/tla2tools.jar
+export JAVA_HOME=$home
 "$JAVA_HOME/bin/java" -version 2>&1 | head -n 1
-PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cacheruntime.cli tlc --deep --model "${DEEP_MODEL:-deep}" --workers "$(nproc)" --verbose >"$OUT/tlc_deep.log" 2>&1
-rc=$?
+if [[ -z "${DEEP_CONFIG:-}" ]]; then
+  # The manifest's deep model, as `cacheruntime tlc --deep --model deep` runs it anywhere.
+  PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" python3 -m cacheruntime.cli tlc --deep --model deep --workers "$(nproc)" --verbose >"$OUT/tlc_deep.log" 2>&1
+  rc=$?
+else
+  # An exhaustive search of a config, TLC run directly so that its progress lines stream into
+  # the log even when the call's time runs out first (DEEP_SECONDS bounds it, 480 by default,
+  # inside a device call's 10 minutes): how the deep model was found too large to complete.
+  work=$(mktemp -d)
+  cp tla/CacheRuntime.tla "$work/"
+  cp "tla/$DEEP_CONFIG" "$work/MC.cfg"
+  (cd "$work" && timeout "${DEEP_SECONDS:-480}" "$JAVA_HOME/bin/java" -XX:+UseParallelGC -Xss16m -cp "$DEEP_TOOLS/tla2tools.jar" tlc2.TLC \
+    -workers "$(nproc)" -metadir "$work/states" -config MC.cfg -deadlock CacheRuntime.tla) >"$OUT/tlc_deep.log" 2>&1
+  rc=$?
+fi
 tail -n 25 "$OUT/tlc_deep.log"
 exit $rc

@@ -59,6 +59,15 @@ FINDINGS: list[tuple[tuple[str, ...], str]] = [
         "sooner than the contract's (on the unified trees, which claim no INTROSPECTION, this is where F14 shows)",
     ),
     (
+        (
+            "contract:poll_completions poll_completions: reports a transfer the model does not have",
+            "contract:wait_completions wait_completions: reports a transfer the model does not have",
+        ),
+        "F16 with F12 (the unified tree's HiCache, write-back configuration): a plan whose Drop is refused (Unsupported, F16) after its "
+        "Backup already reached HybridCacheController.write: nothing undoes the started backup (no batch layer, F12), so the failed "
+        "execute_batch's transfer is reported later, a transfer the contract's failed batch never started",
+    ),
+    (
         ("H1 execute_batch: changes state when it raises",),
         "F12 (where the check lives, seen through probe()): SGLang's cache classes have no batch layer, so nothing undoes a batch's compute "
         "(its rows' token counts) when one of the plan's tier moves then runs out (HiCacheController.write returns None, managers/cache_controller.py)",

@@ -125,6 +125,14 @@ class FaultInjector:
         return completions
 
 
+def l3_store(text: str) -> str:
+    """An L3 store spec: `file:DIR` (a FileStore in DIR, created if missing)."""
+    kind, _, where = text.partition(":")
+    if kind != "file" or not where:
+        raise argparse.ArgumentTypeError(f"expected file:DIR (a FileStore in DIR), got {text!r}")
+    return text
+
+
 def _rss_kib() -> int | None:
     """This process's resident set size now (Linux /proc), for the soak's memory figures."""
     try:
@@ -168,11 +176,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="share of transfer launches whose stream worker dies: RuntimeFault, control restarts the runtime (local or process runtime)",
     )
+    parser.add_argument(
+        "--l3",
+        type=l3_store,
+        metavar="file:DIR",
+        help="an L3 store (local runtime): control persists published pages under content keys and fetches prefix hits from it",
+    )
+    parser.add_argument(
+        "--host-mode",
+        choices=("resident", "buffer_only"),
+        default="resident",
+        help="host pages as an L2 cache tier (resident) or only as staging between the device and L3 (buffer_only, needs --l3)",
+    )
     parser.add_argument("--json", type=output_file, metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def local_runtime(device: str, runner: str, seed: int, **sizes: int):
+def local_runtime(device: str, runner: str, seed: int, l3: str | None = None, host_mode: str = "resident", **sizes: int):
     """The job's LocalGPURuntime: `runner`'s decoder (a preset fixes its own sizes: runtime/device/llama.py).
 
     Named by `--runtime process` as the factory its runtime process calls, so the decoder's
@@ -187,7 +207,7 @@ def local_runtime(device: str, runner: str, seed: int, **sizes: int):
         from cacheruntime.runtime.device.llama import LLAMA_CONFIGS
 
         config = LLAMA_CONFIGS[runner]
-    return local(device=device, runner=runner, config=config, seed=seed, **sizes)
+    return local(device=device, runner=runner, config=config, seed=seed, l3=l3, host_mode=host_mode, **sizes)
 
 
 def _runtime(args: argparse.Namespace):
@@ -202,7 +222,9 @@ def _runtime(args: argparse.Namespace):
         from cacheruntime.model import ReferenceModel
 
         return ReferenceModel(**sizes), None
-    options = dict(device=args.device, runner=args.runner, seed=args.seed, **sizes)
+    options: dict[str, Any] = dict(device=args.device, runner=args.runner, seed=args.seed, **sizes)
+    if args.l3 is not None:
+        options.update(l3=args.l3, host_mode=args.host_mode)
     if args.runtime == "process":
         from cacheruntime.runtime.process import ProcessGPURuntime
 
@@ -229,11 +251,14 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
         "computed_prompt_tokens": stats.computed_prompt_tokens,
         "hit_tokens_l1": stats.hit_tokens_l1,
         "hit_tokens_l2": stats.hit_tokens_l2,
+        "hit_tokens_l3": stats.hit_tokens_l3,
         "miss_tokens": stats.computed_prompt_tokens,
         "restored_pages": stats.restored_pages,
         "backed_up_pages": stats.backed_up_pages,
         "restored_bytes": stats.restored_pages * page_bytes,
         "backed_up_bytes": stats.backed_up_pages * page_bytes,
+        "fetched_bytes": stats.fetched_pages * page_bytes,
+        "persisted_bytes": stats.persisted_pages * page_bytes,
         "batches": stats.batches,
         "steps": stats.steps,
         "boundary_calls_per_batch": max(stats.step_calls),
@@ -243,10 +268,12 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
         "boundary_calls": dict(sorted(calls.items())),
         "boundary_operations": sum(calls.values()),
         "out_of_pages_retries": stats.out_of_pages,
-        "transfers": {"backups": stats.backups, "restores": stats.restores},
+        "transfers": {"backups": stats.backups, "restores": stats.restores, "persists": stats.persists, "fetches": stats.fetches},
         "faults_seen": {
             "failed_backups": stats.failed_backups,
             "failed_restores": stats.failed_restores,
+            "failed_persists": stats.failed_persists,
+            "failed_fetches": stats.failed_fetches,
             "compute_failures": stats.compute_failures,
             "failed_batches": stats.failed_batches,
             "cancelled_batches": stats.cancelled_batches,
@@ -270,6 +297,12 @@ def main(args: argparse.Namespace) -> int:
     faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0 or args.lost_fault_rate > 0
     if faulty and args.runtime == "model":
         print("cacheruntime run: --transfer-fault-rate, --compute-fault-rate and --lost-fault-rate need --runtime local or process", file=sys.stderr)
+        return 2
+    if (args.l3 is not None or args.host_mode != "resident") and args.runtime != "local":
+        print("cacheruntime run: --l3 and --host-mode need --runtime local", file=sys.stderr)
+        return 2
+    if args.host_mode == "buffer_only" and args.l3 is None:
+        print("cacheruntime run: --host-mode buffer_only stages between the device and L3: give --l3 file:DIR", file=sys.stderr)
         return 2
     runtime, vocab = _runtime(args)
     source = (

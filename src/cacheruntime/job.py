@@ -25,6 +25,7 @@ served, retried and abandoned; the output check covers every token served.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -126,11 +127,17 @@ class FaultInjector:
 
 
 def l3_store(text: str) -> str:
-    """An L3 store spec: `file:DIR` (a FileStore in DIR, created if missing)."""
+    """An L3 store spec: `file:DIR` (a FileStore in DIR, created if missing) or `mooncake`
+    (a Mooncake cluster on loopback started for the run: its objects end with it)."""
     kind, _, where = text.partition(":")
-    if kind != "file" or not where:
-        raise argparse.ArgumentTypeError(f"expected file:DIR (a FileStore in DIR), got {text!r}")
+    if text != "mooncake" and (kind != "file" or not where):
+        raise argparse.ArgumentTypeError(f"expected file:DIR (a FileStore in DIR) or mooncake, got {text!r}")
     return text
+
+
+def _faulty(args: argparse.Namespace) -> bool:
+    """Whether the run injects faults."""
+    return args.transfer_fault_rate > 0 or args.compute_fault_rate > 0 or args.lost_fault_rate > 0
 
 
 def _rss_kib() -> int | None:
@@ -179,8 +186,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--l3",
         type=l3_store,
-        metavar="file:DIR",
-        help="an L3 store (local runtime): control persists published pages under content keys and fetches prefix hits from it",
+        metavar="file:DIR|mooncake",
+        help="an L3 store (local runtime): control persists published pages under content keys and fetches prefix hits from it; "
+        "mooncake starts a Mooncake cluster on loopback for the run",
     )
     parser.add_argument(
         "--host-mode",
@@ -210,7 +218,7 @@ def local_runtime(device: str, runner: str, seed: int, l3: str | None = None, ho
     return local(device=device, runner=runner, config=config, seed=seed, l3=l3, host_mode=host_mode, **sizes)
 
 
-def _runtime(args: argparse.Namespace):
+def _runtime(args: argparse.Namespace, l3: Any = None):
     sizes = dict(
         page_size=args.page_size,
         max_requests=args.max_requests,
@@ -224,7 +232,7 @@ def _runtime(args: argparse.Namespace):
         return ReferenceModel(**sizes), None
     options: dict[str, Any] = dict(device=args.device, runner=args.runner, seed=args.seed, **sizes)
     if args.l3 is not None:
-        options.update(l3=args.l3, host_mode=args.host_mode)
+        options.update(l3=l3 or args.l3, host_mode=args.host_mode)
     if args.runtime == "process":
         from cacheruntime.runtime.process import ProcessGPURuntime
 
@@ -294,7 +302,7 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= low <= high:
         print(f"cacheruntime run: error: argument --new-tokens: MIN must be at least 1 and MAX at least MIN, got {low} {high}", file=sys.stderr)
         return 2
-    faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0 or args.lost_fault_rate > 0
+    faulty = _faulty(args)
     if faulty and args.runtime == "model":
         print("cacheruntime run: --transfer-fault-rate, --compute-fault-rate and --lost-fault-rate need --runtime local or process", file=sys.stderr)
         return 2
@@ -304,7 +312,21 @@ def main(args: argparse.Namespace) -> int:
     if args.host_mode == "buffer_only" and args.l3 is None:
         print("cacheruntime run: --host-mode buffer_only stages between the device and L3: give --l3 file:DIR", file=sys.stderr)
         return 2
-    runtime, vocab = _runtime(args)
+    with contextlib.ExitStack() as cluster:
+        store = None
+        if args.l3 == "mooncake":
+            from cacheruntime.storage.master import LocalMooncake
+            from cacheruntime.storage.mooncake import MooncakeStore
+
+            store = MooncakeStore(cluster.enter_context(LocalMooncake()).config())
+            cluster.callback(store.close)
+        return _serve(args, _runtime(args, store))
+
+
+def _serve(args: argparse.Namespace, built: tuple[Any, int | None]) -> int:
+    """Serve the workload on the runtime `_runtime` built and print (and write) the summary."""
+    runtime, vocab = built
+    faulty = _faulty(args)
     source = (
         read_trace(args.trace)
         if args.trace

@@ -1,5 +1,6 @@
 """`cacheruntime run --l3 file:DIR`: a second run serves prefix hits from the store the first one filled (issue 21 item 5)."""
 
+import importlib.util
 import json
 from typing import ClassVar
 
@@ -67,3 +68,12 @@ def test_bad_l3_and_host_mode_are_one_line_errors(tmp_path, capsys):
     assert main(["run", "--quiet", "--host-mode", "buffer_only"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
     assert main(["run", "--quiet", "--runtime", "model", "--l3", f"file:{tmp_path}"]) == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mooncake") is None, reason="the [mooncake] extra (mooncake-transfer-engine-non-cuda) is not installed")
+def test_mooncake_for_the_run_serves_what_l1_dropped(tmp_path):
+    """`--l3 mooncake` starts a cluster for the run (its objects end with it): in buffer_only mode
+    with a small L1, nodes the tree released are fetched back from the store by later turns."""
+    code, summary = run(tmp_path, "mooncake", "--l3", "mooncake", "--host-mode", "buffer_only", "--l1-pages", "24")
+    assert code == 0 and summary["output_mismatches"] == 0
+    assert summary["persisted_bytes"] > 0 and summary["hit_tokens_l3"] > 0 and summary["fetched_bytes"] > 0

@@ -31,6 +31,18 @@ A runtime whose machinery is gone raises `RuntimeFault` on every call until `res
 rebuilds on the new epoch (an empty tree: the cache died with the epoch), and every
 running turn is retried from its prompt, charged a retry like a failed batch. The tokens
 a retried turn had produced were served and stay so; it computes them again, the same.
+
+L3 (spec/protocol.md §9), on a runtime that claims it. Pages are named by content
+(`pagekeys`), so a store another run filled serves this one. A tree node is persisted once
+a persist can read it (resident: its backup landed; buffer_only: at insert, from the device
+copy), in the next plan, or in the page ladder's submit, and is in flight until its persist
+completes. On admission control asks `l3_exists` for the prompt's pages past the tree's
+match and fetches the leading hits into the row (a `Fetch` in the plan); they are published
+with the computed pages. The hint may be stale: a fetch that misses fails its batch, which is
+retried like any failed batch, and the keys of a failed fetch are computed from then on.
+Fetches (and buffer_only persists) stage through host pages: control keeps their count within
+`staging_pages`, which resident mode keeps out of the tree's L2 (a row's worth), so that a
+plan never meets a host pool that the tree filled.
 """
 
 from __future__ import annotations
@@ -250,7 +262,7 @@ class Scheduler:
     def _empty_tree(self) -> TreeCore:
         has_l2 = Capability.L2 in self.info.capabilities
         l3 = Capability.L3 in self.info.capabilities
-        # L3 module docstring: resident mode keeps a share of the host pool out of the tree, for fetch staging.
+        # Module docstring, L3: resident mode keeps a row's worth of the host pool out of the tree, for fetch staging.
         self.staging_pages = (self.info.max_request_tokens // self.info.page_size if has_l2 else self.info.l2_pages) if l3 else 0
         l2 = self.info.l2_pages - self.staging_pages if has_l2 else 0
         return TreeCore(self.runtime, page_size=self.info.page_size, l2_pages=l2, write_policy=self.write_policy)

@@ -310,7 +310,7 @@ def main(args: argparse.Namespace) -> int:
         print("cacheruntime run: --l3 and --host-mode need --runtime local", file=sys.stderr)
         return 2
     if args.host_mode == "buffer_only" and args.l3 is None:
-        print("cacheruntime run: --host-mode buffer_only stages between the device and L3: give --l3 file:DIR", file=sys.stderr)
+        print("cacheruntime run: --host-mode buffer_only stages between the device and L3: give --l3 file:DIR or --l3 mooncake", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as cluster:
         store = None

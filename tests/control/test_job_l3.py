@@ -64,7 +64,12 @@ def test_a_fetch_that_misses_falls_back_to_recompute(tmp_path, monkeypatch):
 def test_bad_l3_and_host_mode_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "--quiet", "--l3", "nfs:/x"])
-    assert "expected file:DIR" in capsys.readouterr().err.strip().splitlines()[-1]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--l3: expected file:DIR" in line
+    with pytest.raises(SystemExit):
+        main(["run", "--quiet", "--host-mode", "cached"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--host-mode: invalid choice" in line
     assert main(["run", "--quiet", "--host-mode", "buffer_only"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
     assert main(["run", "--quiet", "--runtime", "model", "--l3", f"file:{tmp_path}"]) == 2

@@ -8,7 +8,7 @@ import pytest
 
 from cacheruntime.cli import main
 from cacheruntime.storage import FaultyStore, FileStore
-from cacheruntime.storage.results import Status
+from cacheruntime.storage.results import Op, Status
 
 SMALL = ("--requests", "8", "--new-tokens", "3", "6")
 
@@ -82,3 +82,24 @@ def test_mooncake_for_the_run_serves_what_l1_dropped(tmp_path):
     code, summary = run(tmp_path, "mooncake", "--l3", "mooncake", "--host-mode", "buffer_only", "--l1-pages", "24")
     assert code == 0 and summary["output_mismatches"] == 0
     assert summary["persisted_bytes"] > 0 and summary["hit_tokens_l3"] > 0 and summary["fetched_bytes"] > 0
+
+
+def test_store_failures_lose_nothing_and_the_run_recomputes(tmp_path, monkeypatch):
+    """A store whose first write and first read fail in each run (STORE): the persist is
+    reported failed, the fetch's batch fails and its turn recomputes; every token still
+    equals recomputation."""
+    store = f"file:{tmp_path / 'l3'}"
+
+    def failing(spec):
+        faulty = FaultyStore(FileStore(tmp_path / "l3"))
+        faulty.fail_nth(Op.PUT, 1)
+        faulty.fail_nth(Op.GET, 1)
+        return faulty
+
+    monkeypatch.setattr("cacheruntime.runtime.l3calls.open_store", failing)
+    code, first = run(tmp_path, "first", "--l3", store)
+    assert code == 0 and first["output_mismatches"] == 0 and first["faults_seen"]["failed_persists"] == 1
+    code, second = run(tmp_path, "second", "--l3", store)
+    assert code == 0 and second["output_mismatches"] == 0 and second["turns_abandoned"] == 0
+    assert second["faults_seen"]["failed_fetches"] == 1 and second["faults_seen"]["compute_failures"] >= 1
+    assert second["hit_tokens_l3"] > 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -127,11 +128,13 @@ class FaultInjector:
 
 
 def l3_store(text: str) -> str:
-    """An L3 store spec: `file:DIR` (a FileStore in DIR, created if missing) or `mooncake`
-    (a Mooncake cluster on loopback started for the run: its objects end with it)."""
+    """An L3 store spec: `file:DIR` (a FileStore in DIR, created if missing), `mooncake` (a
+    Mooncake cluster on loopback started for the run: its objects end with it), or
+    `mooncake:MASTER,METADATA_URL` (a running cluster: its master's host:port and metadata URL)."""
     kind, _, where = text.partition(":")
-    if text != "mooncake" and (kind != "file" or not where):
-        raise argparse.ArgumentTypeError(f"expected file:DIR (a FileStore in DIR) or mooncake, got {text!r}")
+    master, _, metadata = where.partition(",")
+    if text != "mooncake" and not (kind == "file" and where) and not (kind == "mooncake" and master and metadata):
+        raise argparse.ArgumentTypeError(f"expected file:DIR, mooncake or mooncake:MASTER,METADATA_URL, got {text!r}")
     return text
 
 
@@ -186,9 +189,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--l3",
         type=l3_store,
-        metavar="file:DIR|mooncake",
+        metavar="file:DIR|mooncake[:MASTER,METADATA_URL]",
         help="an L3 store (local runtime): control persists published pages under content keys and fetches prefix hits from it; "
-        "mooncake starts a Mooncake cluster on loopback for the run",
+        "mooncake alone starts a Mooncake cluster on loopback for the run",
     )
     parser.add_argument(
         "--host-mode",
@@ -312,13 +315,18 @@ def main(args: argparse.Namespace) -> int:
     if args.host_mode == "buffer_only" and args.l3 is None:
         print("cacheruntime run: --host-mode buffer_only stages between the device and L3: give --l3 file:DIR or --l3 mooncake", file=sys.stderr)
         return 2
+    if args.l3 is not None and args.l3.startswith("mooncake") and importlib.util.find_spec("mooncake") is None:
+        print("cacheruntime run: --l3 mooncake needs the [mooncake] extra: pip install 'cacheruntime[mooncake]'", file=sys.stderr)
+        return 2
     with contextlib.ExitStack() as cluster:
         store = None
-        if args.l3 == "mooncake":
+        if args.l3 is not None and args.l3.startswith("mooncake"):
             from cacheruntime.storage.master import LocalMooncake
-            from cacheruntime.storage.mooncake import MooncakeStore
+            from cacheruntime.storage.mooncake import MooncakeConfig, MooncakeStore
 
-            store = MooncakeStore(cluster.enter_context(LocalMooncake()).config())
+            master, _, metadata = args.l3.partition(":")[2].partition(",")
+            config = MooncakeConfig(master_address=master, metadata_url=metadata) if master else cluster.enter_context(LocalMooncake()).config()
+            store = MooncakeStore(config)
             cluster.callback(store.close)
         return _serve(args, _runtime(args, store))
 

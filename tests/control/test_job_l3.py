@@ -67,6 +67,9 @@ def test_bad_l3_and_host_mode_are_one_line_errors(tmp_path, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "--l3: expected file:DIR" in line
     with pytest.raises(SystemExit):
+        main(["run", "--quiet", "--l3", "mooncake:127.0.0.1:1"])  # no metadata URL
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
         main(["run", "--quiet", "--host-mode", "cached"])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "--host-mode: invalid choice" in line
@@ -75,7 +78,25 @@ def test_bad_l3_and_host_mode_are_one_line_errors(tmp_path, capsys):
     assert main(["run", "--quiet", "--runtime", "model", "--l3", f"file:{tmp_path}"]) == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mooncake") is None, reason="the [mooncake] extra (mooncake-transfer-engine-non-cuda) is not installed")
+needs_mooncake = pytest.mark.skipif(
+    importlib.util.find_spec("mooncake") is None, reason="the [mooncake] extra (mooncake-transfer-engine-non-cuda) is not installed"
+)
+
+
+@needs_mooncake
+def test_a_second_run_fetches_from_the_mooncake_cluster_the_first_filled(tmp_path):
+    from cacheruntime.storage.master import LocalMooncake
+
+    with LocalMooncake(tmp_path / "mooncake") as cluster:
+        store = f"mooncake:{cluster.master_address},{cluster.metadata_url}"
+        code, first = run(tmp_path, "first", "--l3", store)
+        assert code == 0 and first["output_mismatches"] == 0 and first["persisted_bytes"] > 0 and first["hit_tokens_l3"] == 0
+        code, second = run(tmp_path, "second", "--l3", store)
+    assert code == 0 and second["output_mismatches"] == 0
+    assert second["hit_tokens_l3"] > 0 and second["fetched_bytes"] > 0
+
+
+@needs_mooncake
 def test_mooncake_for_the_run_serves_what_l1_dropped(tmp_path):
     """`--l3 mooncake` starts a cluster for the run (its objects end with it): in buffer_only mode
     with a small L1, nodes the tree released are fetched back from the store by later turns."""

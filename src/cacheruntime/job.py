@@ -20,6 +20,13 @@ LocalGPURuntime, in this process or a runtime process (FAULT_INJECTION, `FaultIn
 (issue 17, item 7). `--lost-fault-rate P` kills the stream worker of about that share of
 transfer launches: the runtime raises RuntimeFault until control restarts it and rebuilds. The summary reports the faults injected and seen, and the turns
 served, retried and abandoned; the output check covers every token served.
+
+`--l3 file:DIR` (or `mooncake`, a cluster on loopback for the run, or
+`mooncake:MASTER,METADATA_URL`, a running one) gives LocalGPURuntime an L3 store, and
+`--host-mode buffer_only` makes its host pages staging only: control persists tree nodes
+under content keys and fetches prefix hits from the store (the scheduler's docstring, L3), so
+a second run against the store the first one filled serves from L3 as a restarted server
+would; the summary counts `hit_tokens_l3`, `fetched_bytes` and `persisted_bytes`.
 """
 
 from __future__ import annotations

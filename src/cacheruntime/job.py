@@ -20,11 +20,20 @@ LocalGPURuntime, in this process or a runtime process (FAULT_INJECTION, `FaultIn
 (issue 17, item 7). `--lost-fault-rate P` kills the stream worker of about that share of
 transfer launches: the runtime raises RuntimeFault until control restarts it and rebuilds. The summary reports the faults injected and seen, and the turns
 served, retried and abandoned; the output check covers every token served.
+
+`--l3 file:DIR` (or `mooncake`, a cluster on loopback for the run, or
+`mooncake:MASTER,METADATA_URL`, a running one) gives LocalGPURuntime an L3 store, and
+`--host-mode buffer_only` makes its host pages staging only: control persists tree nodes
+under content keys and fetches prefix hits from the store (the scheduler's docstring, L3), so
+a second run against the store the first one filled serves from L3 as a restarted server
+would; the summary counts `hit_tokens_l3`, `fetched_bytes` and `persisted_bytes`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -125,6 +134,22 @@ class FaultInjector:
         return completions
 
 
+def l3_store(text: str) -> str:
+    """An L3 store spec: `file:DIR` (a FileStore in DIR, created if missing), `mooncake` (a
+    Mooncake cluster on loopback started for the run: its objects end with it), or
+    `mooncake:MASTER,METADATA_URL` (a running cluster: its master's host:port and metadata URL)."""
+    kind, _, where = text.partition(":")
+    master, _, metadata = where.partition(",")
+    if text != "mooncake" and not (kind == "file" and where) and not (kind == "mooncake" and master and metadata):
+        raise argparse.ArgumentTypeError(f"expected file:DIR, mooncake or mooncake:MASTER,METADATA_URL, got {text!r}")
+    return text
+
+
+def _faulty(args: argparse.Namespace) -> bool:
+    """Whether the run injects faults."""
+    return args.transfer_fault_rate > 0 or args.compute_fault_rate > 0 or args.lost_fault_rate > 0
+
+
 def _rss_kib() -> int | None:
     """This process's resident set size now (Linux /proc), for the soak's memory figures."""
     try:
@@ -168,11 +193,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="share of transfer launches whose stream worker dies: RuntimeFault, control restarts the runtime (local or process runtime)",
     )
+    parser.add_argument(
+        "--l3",
+        type=l3_store,
+        metavar="file:DIR|mooncake[:MASTER,METADATA_URL]",
+        help="an L3 store (local runtime): control persists published pages under content keys and fetches prefix hits from it; "
+        "mooncake alone starts a Mooncake cluster on loopback for the run",
+    )
+    parser.add_argument(
+        "--host-mode",
+        choices=("resident", "buffer_only"),
+        default="resident",
+        help="host pages as an L2 cache tier (resident) or only as staging between the device and L3 (buffer_only, needs --l3)",
+    )
     parser.add_argument("--json", type=output_file, metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def local_runtime(device: str, runner: str, seed: int, **sizes: int):
+def local_runtime(device: str, runner: str, seed: int, l3: str | None = None, host_mode: str = "resident", **sizes: int):
     """The job's LocalGPURuntime: `runner`'s decoder (a preset fixes its own sizes: runtime/device/llama.py).
 
     Named by `--runtime process` as the factory its runtime process calls, so the decoder's
@@ -187,10 +225,10 @@ def local_runtime(device: str, runner: str, seed: int, **sizes: int):
         from cacheruntime.runtime.device.llama import LLAMA_CONFIGS
 
         config = LLAMA_CONFIGS[runner]
-    return local(device=device, runner=runner, config=config, seed=seed, **sizes)
+    return local(device=device, runner=runner, config=config, seed=seed, l3=l3, host_mode=host_mode, **sizes)
 
 
-def _runtime(args: argparse.Namespace):
+def _runtime(args: argparse.Namespace, l3: Any = None):
     sizes = dict(
         page_size=args.page_size,
         max_requests=args.max_requests,
@@ -202,7 +240,9 @@ def _runtime(args: argparse.Namespace):
         from cacheruntime.model import ReferenceModel
 
         return ReferenceModel(**sizes), None
-    options = dict(device=args.device, runner=args.runner, seed=args.seed, **sizes)
+    options: dict[str, Any] = dict(device=args.device, runner=args.runner, seed=args.seed, **sizes)
+    if args.l3 is not None:
+        options.update(l3=l3 or args.l3, host_mode=args.host_mode)
     if args.runtime == "process":
         from cacheruntime.runtime.process import ProcessGPURuntime
 
@@ -229,11 +269,14 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
         "computed_prompt_tokens": stats.computed_prompt_tokens,
         "hit_tokens_l1": stats.hit_tokens_l1,
         "hit_tokens_l2": stats.hit_tokens_l2,
+        "hit_tokens_l3": stats.hit_tokens_l3,
         "miss_tokens": stats.computed_prompt_tokens,
         "restored_pages": stats.restored_pages,
         "backed_up_pages": stats.backed_up_pages,
         "restored_bytes": stats.restored_pages * page_bytes,
         "backed_up_bytes": stats.backed_up_pages * page_bytes,
+        "fetched_bytes": stats.fetched_pages * page_bytes,
+        "persisted_bytes": stats.persisted_pages * page_bytes,
         "batches": stats.batches,
         "steps": stats.steps,
         "boundary_calls_per_batch": max(stats.step_calls),
@@ -243,10 +286,12 @@ def summary(stats: Stats, calls: dict[str, int], page_bytes: int, mismatches: in
         "boundary_calls": dict(sorted(calls.items())),
         "boundary_operations": sum(calls.values()),
         "out_of_pages_retries": stats.out_of_pages,
-        "transfers": {"backups": stats.backups, "restores": stats.restores},
+        "transfers": {"backups": stats.backups, "restores": stats.restores, "persists": stats.persists, "fetches": stats.fetches},
         "faults_seen": {
             "failed_backups": stats.failed_backups,
             "failed_restores": stats.failed_restores,
+            "failed_persists": stats.failed_persists,
+            "failed_fetches": stats.failed_fetches,
             "compute_failures": stats.compute_failures,
             "failed_batches": stats.failed_batches,
             "cancelled_batches": stats.cancelled_batches,
@@ -267,11 +312,36 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= low <= high:
         print(f"cacheruntime run: error: argument --new-tokens: MIN must be at least 1 and MAX at least MIN, got {low} {high}", file=sys.stderr)
         return 2
-    faulty = args.transfer_fault_rate > 0 or args.compute_fault_rate > 0 or args.lost_fault_rate > 0
+    faulty = _faulty(args)
     if faulty and args.runtime == "model":
         print("cacheruntime run: --transfer-fault-rate, --compute-fault-rate and --lost-fault-rate need --runtime local or process", file=sys.stderr)
         return 2
-    runtime, vocab = _runtime(args)
+    if (args.l3 is not None or args.host_mode != "resident") and args.runtime != "local":
+        print("cacheruntime run: --l3 and --host-mode need --runtime local", file=sys.stderr)
+        return 2
+    if args.host_mode == "buffer_only" and args.l3 is None:
+        print("cacheruntime run: --host-mode buffer_only stages between the device and L3: give --l3 file:DIR or --l3 mooncake", file=sys.stderr)
+        return 2
+    if args.l3 is not None and args.l3.startswith("mooncake") and importlib.util.find_spec("mooncake") is None:
+        print("cacheruntime run: --l3 mooncake needs the [mooncake] extra: pip install 'cacheruntime[mooncake]'", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as cluster:
+        store = None
+        if args.l3 is not None and args.l3.startswith("mooncake"):
+            from cacheruntime.storage.master import LocalMooncake
+            from cacheruntime.storage.mooncake import MooncakeConfig, MooncakeStore
+
+            master, _, metadata = args.l3.partition(":")[2].partition(",")
+            config = MooncakeConfig(master_address=master, metadata_url=metadata) if master else cluster.enter_context(LocalMooncake()).config()
+            store = MooncakeStore(config)
+            cluster.callback(store.close)
+        return _serve(args, _runtime(args, store))
+
+
+def _serve(args: argparse.Namespace, built: tuple[Any, int | None]) -> int:
+    """Serve the workload on the runtime `_runtime` built and print (and write) the summary."""
+    runtime, vocab = built
+    faulty = _faulty(args)
     source = (
         read_trace(args.trace)
         if args.trace

@@ -31,6 +31,18 @@ A runtime whose machinery is gone raises `RuntimeFault` on every call until `res
 rebuilds on the new epoch (an empty tree: the cache died with the epoch), and every
 running turn is retried from its prompt, charged a retry like a failed batch. The tokens
 a retried turn had produced were served and stay so; it computes them again, the same.
+
+L3 (spec/protocol.md §9), on a runtime that claims it. Pages are named by content
+(`pagekeys`), so a store another run filled serves this one. A tree node is persisted once
+a persist can read it (resident: its backup landed; buffer_only: at insert, from the device
+copy), in the next plan, or in the page ladder's submit, and is in flight until its persist
+completes. On admission control asks `l3_exists` for the prompt's pages past the tree's
+match and fetches the leading hits into the row (a `Fetch` in the plan); they are published
+with the computed pages. The hint may be stale: a fetch that misses fails its batch, which is
+retried like any failed batch, and the keys of a failed fetch are computed from then on.
+Fetches (and buffer_only persists) stage through host pages: control keeps their count within
+`staging_pages`, which resident mode keeps out of the tree's L2 (a row's worth), so that a
+plan never meets a host pool that the tree filled.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cacheruntime.control.pagekeys import page_keys
 from cacheruntime.control.tree import Acquired, Node, TreeCore, TreeIntent, WritePolicy
 from cacheruntime.control.workload import RequestSpec, Source
 from cacheruntime.protocol import (
@@ -51,9 +64,11 @@ from cacheruntime.protocol import (
     Close,
     ComputeFailed,
     Demote,
+    Fetch,
     Intent,
     NotResident,
     OutOfPages,
+    Persist,
     PreparedBatchHandle,
     Publish,
     Release,
@@ -70,7 +85,7 @@ from cacheruntime.protocol import (
 #: Calls that belong to a scheduling step; each step makes a bounded number of them (B1).
 STEP_CALLS = frozenset({"info", "prepare_batch", "execute_batch", "cancel_batch", "poll_completions", "wait_completions", "submit"})
 #: Calls made per request (open) or per tree operation (split, release outside a plan).
-TREE_AND_REQUEST_CALLS = frozenset({"open_request", "close_request", "publish", "split", "retain", "release"})
+TREE_AND_REQUEST_CALLS = frozenset({"open_request", "close_request", "publish", "split", "retain", "release", "l3_exists"})
 #: The most step calls one step can make: 4 prepares (first try and three retries), one
 #: execute for the batch ahead, two evict-now passes of one submit and one wait, one poll;
 #: under faults one more poll (a prepare that met a restore failed since its plan was
@@ -143,6 +158,13 @@ class Stats:
     ladders_undone: int = 0  # plans given up for a step because backups failed under the page ladder
     runtime_faults: int = 0  # RuntimeFault met: the runtime restarted, control rebuilt on the new epoch
     recomputed_tokens: int = 0  # tokens computed again by turns retried after a restart (served once)
+    hit_tokens_l3: int = 0  # prompt tokens fetched from L3 instead of computed
+    fetched_pages: int = 0  # pages fetch completions brought in from L3
+    persisted_pages: int = 0  # pages persist completions wrote to L3
+    fetches: int = 0  # fetch completions, landed or failed
+    persists: int = 0  # persist completions, landed or failed
+    failed_fetches: int = 0  # fetch completions with `failure` set (MISS or STORE): their turns recompute
+    failed_persists: int = 0  # persist completions with `failure` set
 
 
 class _Running:
@@ -150,7 +172,7 @@ class _Running:
 
     __slots__ = ("spec", "handle", "tokens", "outputs", "planned", "reserved", "published", "lock", "row_pages", "matched", "tree_pages", "hits")
 
-    def __init__(self, spec: RequestSpec, handle: RequestRuntimeHandle, matched: int, lock: Node | None, row_pages: int, hits: tuple[int, int, int]):
+    def __init__(self, spec: RequestSpec, handle: RequestRuntimeHandle, matched: int, lock: Node | None, row_pages: int, hits: tuple[int, int, int, int]):
         self.spec = spec
         self.handle = handle
         self.tokens = list(spec.prompt)  # prompt and every output seen so far: the row's tokens, in order
@@ -162,7 +184,7 @@ class _Running:
         self.row_pages = row_pages
         self.matched = matched
         self.tree_pages = 0  # own pages the tree adopted (then counted as tree pages, not private)
-        self.hits = hits  # prompt tokens hit on L1, hit on L2, computed: counted once the prefill executed
+        self.hits = hits  # prompt tokens hit on L1, on L2, fetched from L3, computed: counted once the prefill executed
 
     @property
     def private_pages(self) -> int:
@@ -183,6 +205,8 @@ class _Batch:
     closes: list[_Running]
     acquired: list[Acquired]
     admitted: list[_Running] = field(default_factory=list)  # requests this batch prefills
+    fetches: list[Fetch] = field(default_factory=list)  # L3 pages its prefills fetch instead of computing
+    persists: list[tuple[Node, tuple[str, ...]]] = field(default_factory=list)  # tree nodes it persists to L3, with their keys
     handle: PreparedBatchHandle | None = None
     undone: bool = False  # it failed or was cancelled: it had no effect, its planning is undone
 
@@ -194,7 +218,8 @@ class _Batch:
     @property
     def plan(self) -> BatchPlan:
         """The plan as it crosses: restores first (they start at prepare), then the rest in order."""
-        return BatchPlan(tuple(self.items), (*self.restores, *self.item_intents, *self.tree_intents))
+        persists = tuple(Persist(node.ref, keys) for node, keys in self.persists)
+        return BatchPlan(tuple(self.items), (*self.restores, *self.fetches, *self.item_intents, *self.tree_intents, *persists))
 
 
 class Scheduler:
@@ -230,10 +255,23 @@ class Scheduler:
         self.ahead: _Batch | None = None  # prepared, not executed
         self.stats = Stats()
         self.retries: Counter[str] = Counter()  # request id -> retries so far, while the turn is live
+        self.l3_known: set[str] = set()  # keys this run persisted or fetched: not persisted again
+        self.l3_avoid: set[str] = set()  # keys of fetches whose batch failed: recomputed from then on
+        self._reset_l3()
 
     def _empty_tree(self) -> TreeCore:
-        l2 = self.info.l2_pages if Capability.L2 in self.info.capabilities else 0
+        has_l2 = Capability.L2 in self.info.capabilities
+        l3 = Capability.L3 in self.info.capabilities
+        # Module docstring, L3: resident mode keeps a row's worth of the host pool out of the tree, for fetch staging.
+        self.staging_pages = (self.info.max_request_tokens // self.info.page_size if has_l2 else self.info.l2_pages) if l3 else 0
+        l2 = self.info.l2_pages - self.staging_pages if has_l2 else 0
         return TreeCore(self.runtime, page_size=self.info.page_size, l2_pages=l2, write_policy=self.write_policy)
+
+    def _reset_l3(self) -> None:
+        """No L3 transfer of control's in flight or queued (a new run, or a new epoch)."""
+        self.persist_queue: list[Node] = []  # nodes with a readable copy, waiting for a plan (in flight: not evicted)
+        self.persisting: dict[int, tuple[Node, tuple[str, ...]]] = {}  # extent generation -> node, keys, applied or planned
+        self.staging_used = 0  # host pages control's fetches (and buffer_only persists) hold until their completion
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -301,16 +339,18 @@ class Scheduler:
         self.stats.runtime_faults += 1
         self.info = self.runtime.restart()
         self.tree = self._empty_tree()
+        self._reset_l3()
         self.ahead = None
         requeue = []
         for r in self.running:
             if r.outputs:  # its prefill was counted as served: the retry's is a recomputation
-                hit_l1, hit_l2, computed = r.hits
+                hit_l1, hit_l2, hit_l3, computed = r.hits
                 self.stats.requests -= 1
                 self.stats.prompt_tokens -= len(r.spec.prompt)
                 self.stats.computed_prompt_tokens -= computed
                 self.stats.hit_tokens_l1 -= hit_l1
                 self.stats.hit_tokens_l2 -= hit_l2
+                self.stats.hit_tokens_l3 -= hit_l3
                 self.stats.generated_tokens -= len(r.outputs)
                 self.stats.recomputed_tokens += len(r.spec.prompt) + len(r.outputs)
             if self._charge_retry(r) > MAX_TURN_RETRIES:
@@ -357,6 +397,7 @@ class Scheduler:
         self._admit(batch)
         if not batch.items:
             return None
+        self._take_persists(batch)
         committed = self.tree.l1_pages() + sum(r.private_pages for r in self.running) + self.headroom_pages
         self.tree.evict(committed - self.info.l1_pages)
         batch.tree_intents = self.tree.take_intents()
@@ -369,7 +410,8 @@ class Scheduler:
         while self.waiting and len(self.running) < self.info.max_requests:
             spec = self.waiting[0]
             match = self.tree.match_prefix(spec.prompt)
-            compute = len(spec.prompt) - match.pages * ps
+            fetch = self._l3_hits(spec.prompt, match.pages)
+            compute = len(spec.prompt) - (match.pages + len(fetch)) * ps
             if prefill_tokens and prefill_tokens + compute > self.max_prefill_tokens:
                 return
             row_pages = self._pages(len(spec.prompt) + spec.max_new_tokens - 1)
@@ -379,20 +421,93 @@ class Scheduler:
             acquired = self.tree.acquire(match)
             handle = self.runtime.open_request()
             self.waiting.popleft()  # after the call: a RuntimeFault leaves the turn waiting
-            hits = (match.l1_pages * ps, match.l2_pages * ps, compute)
+            hits = (match.l1_pages * ps, match.l2_pages * ps, len(fetch) * ps, compute)
             r = _Running(spec, handle, match.pages, acquired.node if acquired.attach else None, row_pages, hits)
             self.running.append(r)
             batch.admitted.append(r)
             batch.acquired.append(acquired)
             batch.restores.extend(acquired.restores)
             batch.requests.append(r)
-            batch.items.append(BatchItem(handle, spec.prompt[match.pages * ps :], acquired.attach))
+            batch.items.append(BatchItem(handle, spec.prompt[(match.pages + len(fetch)) * ps :], acquired.attach))
+            if fetch:
+                batch.fetches.append(Fetch(handle, fetch))
+                self.staging_used += len(fetch)
             r.planned, r.reserved = 1, len(spec.prompt)
             prefill_tokens += compute
             if spec.max_new_tokens == 1:
                 self._finish(batch, r)
             else:
                 self._publish(batch, r)
+
+    # -- L3 (spec/protocol.md §9) ----------------------------------------------------------
+
+    def _l3_hits(self, prompt: tuple[int, ...], matched: int) -> tuple[str, ...]:
+        """Keys of the prompt's pages after the tree's match that L3 holds, leading ones only
+        (a hint: the fetch may miss). The last prompt token is always computed, and the fetch
+        must find staging pages free."""
+        if not self.staging_pages or not self.prefix_cache:
+            return ()
+        keys = page_keys(prompt[: len(prompt) - 1], self.info.page_size)[matched:]
+        keys = keys[: self.staging_pages - self.staging_used]
+        if not keys:
+            return ()
+        hits = 0
+        for key, present in zip(keys, self.runtime.l3_exists(keys), strict=True):
+            if not present or key in self.l3_avoid:
+                break
+            hits += 1
+        return keys[:hits]
+
+    def _queue_persist(self, node: Node) -> None:
+        """`node` has a copy a persist can read (host copy landed, or device copy in buffer_only):
+        queue it unless L3 has its keys already. Queued, it stays evictable (`_take_persists`
+        checks it again); taken into a plan, it is in flight until the persist completes."""
+        if node.ref.generation in self.persisting or node in self.persist_queue:
+            return
+        tokens = tuple(t for n in node.path() for t in n.key)
+        keys = page_keys(tokens, self.info.page_size)[-node.pages :]
+        if set(keys) <= self.l3_known:
+            return
+        self.persist_queue.append(node)
+
+    def _persist_staging(self, node: Node) -> int:
+        """Host pages a persist of `node` stages through: its pages in buffer_only, none in resident."""
+        return 0 if Capability.L2 in self.info.capabilities else node.pages
+
+    def _take_persists(self, batch: _Batch) -> None:
+        """Put the queued persists whose staging fits into the plan (applied at its execute); a
+        node evicted, split or no longer holding the copy the persist reads since it was queued is dropped."""
+        waiting = []
+        resident = Capability.L2 in self.info.capabilities
+        for node in self.persist_queue:
+            if self.tree.by_generation.get(node.ref.generation) is not node or not (node.l2 if resident else node.l1 and not node.demoting):
+                continue
+            staging = self._persist_staging(node)
+            if self.staging_used + staging > self.staging_pages:
+                waiting.append(node)
+                continue
+            self.staging_used += staging
+            tokens = tuple(t for n in node.path() for t in n.key)
+            keys = page_keys(tokens, self.info.page_size)[-node.pages :]
+            self.persisting[node.ref.generation] = (node, keys)
+            node.in_flight += 1
+            batch.persists.append((node, keys))
+        self.persist_queue = waiting
+
+    def _return_l3(self, batch: _Batch, *, started: bool, retried: bool) -> None:
+        """Undo the batch's L3 planning: its persists queue again (never applied); its fetches
+        free their staging unless they started (then their completion does), and when the batch
+        failed their keys are recomputed from now on (a MISS or STORE: §9.4)."""
+        for node, _ in batch.persists:
+            del self.persisting[node.ref.generation]
+            node.in_flight -= 1
+            self.staging_used -= self._persist_staging(node)
+        self.persist_queue[:0] = [node for node, _ in batch.persists]
+        for fetch in batch.fetches:
+            if not started:
+                self.staging_used -= len(fetch.keys)
+            if retried:
+                self.l3_avoid.update(fetch.keys)
 
     def _publish(self, batch: _Batch, r: _Running) -> None:
         """Publish the row's full pages that the tree does not have yet (after this batch's compute)."""
@@ -510,6 +625,7 @@ class Scheduler:
         for batch in batches:
             batch.undone = True
             self.tree.return_intents(batch.tree_intents)
+            self._return_l3(batch, started=started, retried=retried)
             if not started:
                 for acquired in batch.acquired:
                     self.tree.withdraw(acquired)
@@ -553,7 +669,10 @@ class Scheduler:
         for intent in now:
             if isinstance(intent, Release):
                 self.runtime.release(intent.extent)
-        tier = tuple(intent for intent in now if isinstance(intent, (Backup, Demote)))
+        # The batch's persists go with them: they hold their nodes in flight until they land.
+        flushed = _Batch([], [], [], [], (), [], [], [], persists=batch.persists)
+        batch.persists = []
+        tier = (*(intent for intent in now if isinstance(intent, (Backup, Demote))), *flushed.plan.intents)
         if tier:
             self.runtime.submit(tier)
         self.tree.intents_applied(now)
@@ -570,19 +689,24 @@ class Scheduler:
             token = result.next_token
             assert token is not None, "rows grow by sampled tokens: the runtime must compute (the model and LocalGPURuntime do)"
             if not r.outputs:  # the prefill executed: the turn's prompt is served
-                hit_l1, hit_l2, computed = r.hits
+                hit_l1, hit_l2, hit_l3, computed = r.hits
                 self.stats.requests += 1
                 self.stats.prompt_tokens += len(r.spec.prompt)
                 self.stats.computed_prompt_tokens += computed
                 self.stats.hit_tokens_l1 += hit_l1
                 self.stats.hit_tokens_l2 += hit_l2
+                self.stats.hit_tokens_l3 += hit_l3
             r.tokens.append(token)
             r.outputs.append(token)
             self.stats.generated_tokens += 1
+        for fetch in batch.fetches:  # the batch ran, so its fetches landed: L3 has those keys
+            self.l3_known.update(fetch.keys)
         closing = {id(r) for r in batch.closes}
         for (r, first, count), ref in zip(batch.publishes, completion.published, strict=True):
             inserted = self.tree.insert(tuple(r.tokens[: (first + count) * ps]), first, ref)
             r.tree_pages += inserted.adopted_pages
+            if inserted.adopted_pages and self.staging_pages and Capability.L2 not in self.info.capabilities:
+                self._queue_persist(inserted.node)  # buffer_only: the persist reads the device copy
             if id(r) not in closing and inserted.adopted_pages:
                 self.tree.lock(inserted.node)
                 if r.lock is not None:
@@ -601,6 +725,13 @@ class Scheduler:
         """Take in transfer completions; the extent generations whose restore failed."""
         failed_restores = self.tree.transfers_done(completions)
         for done in completions:
+            if done.ticket.kind in (TransferKind.PERSIST, TransferKind.FETCH):
+                self._account_l3(done)
+                continue
+            if done.ticket.kind is TransferKind.BACKUP and done.failure is None and self.staging_pages:
+                node = self.tree.by_generation.get(done.ticket.extent_generation)
+                if node is not None:
+                    self._queue_persist(node)
             restore = done.ticket.kind is TransferKind.RESTORE
             if done.ticket.page_count:
                 self.stats.restores += restore
@@ -613,3 +744,20 @@ class Scheduler:
             else:
                 self.stats.backed_up_pages += done.ticket.page_count
         return failed_restores
+
+    def _account_l3(self, done: TransferCompletion) -> None:
+        """Take in a persist's or fetch's completion: counts, staging, and the keys L3 now has."""
+        if done.ticket.kind is TransferKind.FETCH:
+            self.staging_used -= done.ticket.page_count
+            self.stats.fetches += 1
+            self.stats.failed_fetches += done.failure is not None
+            self.stats.fetched_pages += done.ticket.page_count if done.failure is None else 0
+            return
+        node, keys = self.persisting.pop(done.ticket.extent_generation)
+        self.staging_used -= self._persist_staging(node)
+        self.stats.persists += 1
+        if done.failure is not None:
+            self.stats.failed_persists += 1
+        else:
+            self.stats.persisted_pages += len(keys)
+            self.l3_known.update(keys)

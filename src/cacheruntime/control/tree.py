@@ -489,15 +489,17 @@ class TreeCore:
                 node.demoting = False
 
     def transfers_done(self, completions: Iterable[TransferCompletion]) -> set[int]:
-        """Backups and restores that completed, landed or failed: their nodes may be split,
+        """Backups, restores and persists that completed, landed or failed: their nodes may be split,
         evicted and released again; a failure changes where the node's copies are (module
         docstring: Failure). Returns the extent generations whose restore failed."""
         failed_restores = set()
         for done in completions:
+            if done.ticket.kind is TransferKind.FETCH:
+                continue  # it filled a row, no node
             node = self.by_generation[done.ticket.extent_generation]  # in flight: still in the tree, unsplit
             node.in_flight -= 1
-            if done.failure is None:
-                continue
+            if done.failure is None or done.ticket.kind is TransferKind.PERSIST:
+                continue  # a failed persist changed no copy (§9.3)
             if done.ticket.kind is TransferKind.RESTORE:
                 node.l1 = False  # its host copy is intact: the next match restores it again
                 failed_restores.add(done.ticket.extent_generation)

@@ -42,14 +42,14 @@ class Copier:
 
     def __init__(self, memory: Memory):
         self._memory = memory
-        self._delay = dict.fromkeys(TransferKind, 0.0)
+        self._delay = dict.fromkeys(DIRECTION, 0.0)  # the kinds it moves: no L3 (no Persist, no Fetch)
         self._done: dict[int, threading.Event] = {}  # by transfer id, until the ledger completes it
-        self._queues: dict[TransferKind, queue.SimpleQueue[Job | None]] = {kind: queue.SimpleQueue() for kind in TransferKind}
+        self._queues: dict[TransferKind, queue.SimpleQueue[Job | None]] = {kind: queue.SimpleQueue() for kind in DIRECTION}
         self._threads: list[threading.Thread] = []
 
     def set_delay(self, seconds: float, kind: TransferKind | None = None) -> None:
         """Seconds each later transfer of `kind` (None: both) waits before copying."""
-        for each in TransferKind if kind is None else (kind,):
+        for each in DIRECTION if kind is None else (kind,):
             self._delay[each] = seconds
 
     def sync(self, transfers: Mapping[int, Transfer]) -> None:
@@ -75,7 +75,7 @@ class Copier:
 
     def close(self) -> None:
         """Let every queued copy finish, then stop the streams."""
-        for kind in TransferKind:
+        for kind in DIRECTION:
             self._queues[kind].put(None)
         for thread in self._threads:
             thread.join()
@@ -83,7 +83,7 @@ class Copier:
 
     def _start(self, transfer_id: int, transfer: Transfer) -> None:
         if not self._threads:
-            self._threads = [threading.Thread(target=self._stream, args=(kind,), name=f"skeleton-{kind.value}", daemon=True) for kind in TransferKind]
+            self._threads = [threading.Thread(target=self._stream, args=(kind,), name=f"skeleton-{kind.value}", daemon=True) for kind in DIRECTION]
             for thread in self._threads:
                 thread.start()
         kind = transfer.ticket.kind

@@ -46,7 +46,7 @@ def test_every_row_of_every_store_is_there(smoke: tuple[dict, str, Path]) -> Non
         expected += ["l3 step time, fetch in flight", "l3 step time, persist in flight"]
         assert [name.split(",")[0].split(" (")[0] for name in names] == [e.split(",")[0] for e in expected], names
         for cache in caches:
-            assert sum(name.endswith(f", {cache}") for name in names) == 2
+            assert sum(name.endswith(f", {cache}") or f", {cache} (apart: " in name for name in names) == 2
     assert "l3 fetch L3->L1, file store" in stdout  # the table is printed
 
 
@@ -60,6 +60,8 @@ def test_rows_state_the_object_size_and_carry_finite_figures(smoke: tuple[dict, 
         if "fetch L3->L1" in r["measurement"] or "persist L1->L3" in r["measurement"]:
             assert detail["bytes"] == detail["objects"] * detail["object_bytes"] > 0
             assert len(detail["seconds_per_rep"]) == len(detail["raw_seconds_per_rep"]) == doc["meta"]["config"]["reps"]
+        if "fetch L3->L1" in r["measurement"]:
+            assert detail["store_get_alone_s"] > 0 and detail["staging_to_device_alone_s"] > 0
         if r["measurement"].startswith("l3 step time"):
             assert detail["transfer_alone_s"] > 0 and math.isfinite(detail["exposed_fraction"])
 

@@ -26,6 +26,10 @@ Sections (`--only` picks some):
 - `model` (only when named in `--only`): the Llama runner's decode step against its HBM
   bound and its prefill against the matmul throughput, both limits measured in the run
   (`benchmarks/model.py`);
+- `l3` (only when named in `--only`): the L3 tier's fetch (store -> staging -> device, its
+  completion polled) and persist through the runtime against a raw read or write of the same
+  objects on the same store, warm and cold (target >= 0.90 for the file store's fetch), and
+  the store I/O's exposed time under decode steps (`benchmarks/l3.py`);
 - `e2e` (only when named in `--only`): a multi-turn workload served through the Scheduler
   on the Llama runner, TTFT, ITL and throughput of recompute, an L1 prefix cache, L1+L2
   two-phase and one-phase (`benchmarks/e2e.py`).
@@ -50,8 +54,8 @@ from typing import Any
 
 SECTIONS = ("transfer", "overlap", "itl", "cpu", "cpu-sglang")
 #: sections run only when `--only` names them (the model's and e2e's runs need a large GPU; the
-#: process section needs the [process] extra and forks runtime processes)
-OPT_IN_SECTIONS = ("model", "e2e", "process")
+#: process section needs the [process] extra and forks runtime processes; l3 writes to a store on disk)
+OPT_IN_SECTIONS = ("model", "e2e", "process", "l3")
 
 
 def _ints(text: str) -> list[int]:
@@ -112,6 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model-page-size", type=int, help="page size of the model section's KV (128)")
     g.add_argument("--model-bw-gib", type=int, help="GiB read by the bandwidth reduction (8)")
     g.add_argument("--model-matmul", type=int, help="n of the n x n x n matmul timing (8192)")
+    g.add_argument("--l3-stores", type=lambda text: [s for s in text.split(",") if s], help="stores of the l3 section: file, mooncake (file)")
+    g.add_argument("--l3-dir", help="folder the l3 section's file store (and Mooncake's logs) go in, emptied after (default: a temporary one)")
+    g.add_argument("--l3-page-size", type=int, help="page size (tokens) of the l3 throughput rows: one page is one object (16)")
+    g.add_argument("--l3-mib", type=int, help="bytes per l3 fetch or persist measurement (512 MiB)")
+    g.add_argument("--l3-step-pages", type=int, help="pages fetched or persisted per decode step in the l3 exposed rows (64)")
     g.add_argument("--e2e-conversations", type=int, help="conversations of the e2e workload (32)")
     g.add_argument("--e2e-turns", type=int, help="turns per conversation (4)")
     g.add_argument("--e2e-system", type=_ints, help="system prompts' lengths in tokens, shared round-robin (2048,4096,8192)")
@@ -169,6 +178,11 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "model_page_size": (128, 128, 16, 16),
     "model_bw_gib": (8, 4, 1, 1),
     "model_matmul": (8192, 8192, 512, 256),
+    "l3_stores": (["file"], ["file"], ["file"], ["file"]),
+    "l3_dir": (None, None, None, None),
+    "l3_page_size": (16, 16, 16, 16),
+    "l3_mib": (512, 128, 16, 2),
+    "l3_step_pages": (64, 32, 8, 4),
     "e2e_conversations": (32, 8, 8, 8),
     "e2e_turns": (4, 2, 3, 3),
     "e2e_system": ([2048, 4096, 8192], [2048, 8192], [64, 96], [32, 48]),
@@ -266,6 +280,10 @@ def main(args: argparse.Namespace) -> int:
                 from benchmarks import model
 
                 model.run(args, device, rows, guard)
+            elif section == "l3":
+                from benchmarks import l3
+
+                l3.run(args, device, rows, guard)
             elif section == "e2e":
                 from benchmarks import e2e
 

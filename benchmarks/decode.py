@@ -27,6 +27,7 @@ class Decode:
         extent_pages: int,
         growth: int,
         l2_extra: int = 0,
+        l1_extra: int = 0,
         width_mult: int | None = None,
         runtime_options: dict | None = None,
     ):
@@ -35,7 +36,7 @@ class Decode:
         batch, context = args.decode_batch, args.context
         row_tokens = context + growth
         max_tokens = max(row_tokens, extent_pages * ps + 4 * ps)
-        l1 = batch * -(-row_tokens // ps) + (extents + 4) * (extent_pages + 2) + 64
+        l1 = batch * -(-row_tokens // ps) + (extents + 4) * (extent_pages + 2) + l1_extra + 64
         l2 = extents * extent_pages + l2_extra + 64
         #: the bench model the runtime runs (its `marks` record compute events)
         self.runner = bench_runner(args, device, read_context=True, max_new_tokens=256, width_mult=width_mult)

@@ -17,6 +17,12 @@
 # alone fits one short call); PROCESS=0 skips ProcessGPURuntime's runs; DEEP_TOOLS=DIR runs the
 # deep TLC model on the machine's cores (scripts/gpu_tlc_deep.sh: DIR holds the carried JRE
 # package and tla2tools.jar) into $OUT/tlc_deep.log;
+# L3=0 skips the bench section `l3` (issue 21 item 6: the L3 tier's fetch and persist through the
+# runtime against raw reads and writes of the same objects, warm and cold, and the store I/O's
+# exposed time), run on CUDA with the file store in a temporary folder beside $OUT (never under it:
+# only results go there; removed after) into $OUT/l3 (l3.json, copied beside results.tar.gz, and l3.log);
+# L3_STORES=file,mooncake adds Mooncake where its extra is importable; L3_DEVICE=cpu L3_ARGS=--quick
+# runs the same section on a machine without a GPU (how it is tested: CHECK=0 BENCH=0 PROCESS=0 MODEL=0 E2E=0);
 # CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
 # this tree, in alternating processes (scripts/cpu_ab.py), on CPU and CUDA, into $OUT/cpu_ab_*.json.
 # ProcessGPURuntime (issue 20: the bench section `process`, the main job with --runtime process)
@@ -68,6 +74,16 @@ if [[ "${E2E:-1}" != 0 ]]; then
   OUT="$ROOT/e2e" bash scripts/gpu_e2e.sh >"$ROOT/gpu_e2e.log" 2>&1
   e2e=$?
 fi
+l3=0
+if [[ "${L3:-1}" != 0 ]]; then
+  mkdir -p "$ROOT/l3"
+  store=$(mktemp -d "$(dirname "$ROOT")/l3-store.XXXXXX" 2>/dev/null || mktemp -d -t l3-store.XXXXXX)
+  PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cacheruntime.cli bench --device "${L3_DEVICE:-cuda}" --only l3 --l3-stores "${L3_STORES:-file}" \
+    --l3-dir "$store" ${L3_ARGS:-} --json "$ROOT/l3/l3.json" >"$ROOT/l3/l3.log" 2>&1
+  l3=$?
+  df -h "$store" >>"$ROOT/l3/l3.log" 2>&1  # which disk the file store was on
+  rm -rf "$store"
+fi
 deep=0
 if [[ -n "${DEEP_TOOLS:-}" ]]; then
   OUT="$ROOT" bash scripts/gpu_tlc_deep.sh >"$ROOT/gpu_tlc_deep.log" 2>&1
@@ -80,8 +96,8 @@ if [[ -n "${CPU_AB_BASE:-}" ]]; then
   cat "$ROOT/cpu_ab.log"
 fi
 
-cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/e2e/e2e.json" "$ROOT/process/process-bench.json" "$ROOT/" 2>/dev/null
-tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model e2e process 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model" "$ROOT/e2e" "$ROOT/process"
-echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model, gpu_e2e exit $e2e, process job exit $process, deep TLC exit $deep"
+cp "$ROOT/check/summary.txt" "$ROOT/bench/bench.json" "$ROOT/bench/timeline-h200.png" "$ROOT/bench/hostprof.json" "$ROOT/bench/itlvariants.json" "$ROOT/model/model.json" "$ROOT/e2e/e2e.json" "$ROOT/process/process-bench.json" "$ROOT/l3/l3.json" "$ROOT/" 2>/dev/null
+tar czf "$ROOT/results.tar.gz" -C "$ROOT" $(cd "$ROOT" && ls -d check bench model e2e process l3 2>/dev/null) && rm -rf "$ROOT/check" "$ROOT/bench" "$ROOT/model" "$ROOT/e2e" "$ROOT/process" "$ROOT/l3"
+echo "gpu_check exit $check, gpu_bench exit $bench, gpu_model exit $model, gpu_e2e exit $e2e, process job exit $process, l3 bench exit $l3, deep TLC exit $deep"
 tail -n 12 "$ROOT/summary.txt" 2>/dev/null
-[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 && $e2e -eq 0 && $process -eq 0 && $deep -eq 0 ]]
+[[ $check -eq 0 && $bench -eq 0 && $model -eq 0 && $e2e -eq 0 && $process -eq 0 && $l3 -eq 0 && $deep -eq 0 ]]

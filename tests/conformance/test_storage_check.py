@@ -67,7 +67,7 @@ def test_storage_check_passes_over_mooncake(mode, mooncake_cluster):
 def test_held_store_writes_on_thread_streams():
     """buffer_only on worker threads: the rule that holds store writes is drawn, and staging survives it (S2)."""
     tally = _run(Target(FACTORY, (("host_mode", "buffer_only"), ("streams", "threads"))), SHORT_RUN)
-    assert tally.cases["buffer_only persist through staging"]
+    assert tally.cases["buffer_only persist through staging"] and tally.cases[coverage.HELD_WRITE] >= 2, dict(tally.cases)
 
 
 def test_the_storage_check_skips_a_runtime_without_l3():

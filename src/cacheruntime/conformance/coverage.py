@@ -250,6 +250,10 @@ MODE_SITUATIONS: dict[str, tuple[str, int]] = {
     "resident": ("resident persist from host copies", 3),
 }
 
+#: A persist's store write held in flight (thread streams only) while other steps ran and took
+#: staging: reached by `_hold_store_writes`, held to its floor by tests/conformance/test_storage_check.py.
+HELD_WRITE = "persist held in flight while other steps take staging"
+
 BY_NAME: dict[str, Situation] = {s.name: s for s in SITUATIONS}
 
 

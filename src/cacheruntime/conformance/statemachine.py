@@ -615,6 +615,9 @@ class RuntimeConformance(RuleBasedStateMachine):
                         self.persisted.append(more)
             if len(self.persisted) > 1:  # planned only: its compute would wait for a read queued behind the held write
                 self._fetch(i, 2, evict=False, ask=False, execute=False)
+            self._sync()
+            if any(t.kind is TransferKind.PERSIST and set(keys) & set(t.keys) for t in self.model.state.transfers.values()) and hasattr(self, "situations"):
+                coverage.observe(self.check.name, self.situations, [coverage.HELD_WRITE])
         finally:
             self.holding = False
             self.store.release(Op.PUT)

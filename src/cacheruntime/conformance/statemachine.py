@@ -550,10 +550,11 @@ class RuntimeConformance(RuleBasedStateMachine):
             self.persisted.append(keys)
 
     def _fetch(self, i: int, count: int, evict: bool, ask: bool, execute: bool) -> None:
-        """A new request reads the first `count` objects of the i-th persisted extent that the store holds
-        into its row (a prefix hit in L3; once their persist is reported) and computes after them; with `evict`, the last of them is removed behind the
-        runtime's back first (the fetch misses: its batch fails, nothing lost); with `ask`, control
-        asks `l3_exists` first, a key never written among them."""
+        """A new request reads the first `count` objects of the i-th persisted extent that the store
+        holds into its row (a prefix hit in L3, once their persist is reported) and computes after
+        them; with `evict`, the last of them is removed behind the runtime's back first (the fetch
+        misses: its batch fails, nothing lost); with `ask`, control asks `l3_exists` first, a key
+        never written among them."""
         if not self.persisted:
             return
         keys = self.persisted[i % len(self.persisted)]

@@ -18,7 +18,7 @@ the others.
 
 import pytest
 
-from cacheruntime.conformance.mutants import MUTANTS, families, faults, situations
+from cacheruntime.conformance.mutants import MUTANTS, families, faults, situations, storage
 from cacheruntime.conformance.profiles import profile
 from cacheruntime.conformance.runner import run_check
 from cacheruntime.conformance.statemachine import CHECKS
@@ -48,6 +48,7 @@ KILLED_BY = (
     {f"faults.{name}": "faults" for name in faults.MUTANTS}
     | {f"family.{name}": check for name, check in families.KILLED_BY.items()}
     | {f"situation.{name}": check for name, check in situations.SITUATION_KILLED_BY.items()}
+    | {f"storage.{name}": "storage" for name in storage.MUTANTS}
     | OTHER_KILLED_BY
 )
 #: Mutants no run of their configuration can tell from the landed runtime (`families.EQUIVALENT`).

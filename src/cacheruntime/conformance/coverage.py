@@ -40,10 +40,14 @@ from cacheruntime.protocol import (
     Drop,
     OutOfPages,
     PageRun,
+    Persist,
+    PreparedBatchHandle,
     Publish,
     RequestRuntimeHandle,
     Restore,
     Tier,
+    TransferCompletion,
+    TransferFailure,
     TransferKind,
 )
 
@@ -217,6 +221,38 @@ SITUATIONS = SITUATIONS + tuple(
     for operation, errors in ERRORS.items()
     for error in errors
 )
+
+#: The L3 tier's situations (spec/protocol.md §9): every storage check must reach these, whatever
+#: its host mode and backend. How a persist reads its pages is the host mode's, so each mode's own
+#: situation is in `MODE_SITUATIONS`, to which tests/conformance/test_storage_check.py holds each
+#: configuration.
+SITUATIONS = SITUATIONS + (
+    Situation("persist lands", "a persist's completion reported without failure: the objects are written", _checks("storage"), 3),
+    Situation("fetch lands", "a fetch's completion reported without failure: the row's pages hold the objects", _checks("storage"), 3),
+    Situation("fetch miss", "a fetch's completion reported MISS: an object was removed after its persist", _checks("storage"), 2),
+    Situation("store failure on persist", "a persist's completion reported STORE: its store write failed, nothing lost", _checks("storage"), 2),
+    Situation("persist in a plan", "a batch's plan carries a Persist and executes", _checks("storage"), 2),
+    Situation(
+        "L3 transfer in flight while another batch runs",
+        "execute_batch succeeds while a persist or a fetch it does not read is in flight",
+        _checks("storage"),
+        3,
+    ),
+    Situation("l3_exists of a key never written", "l3_exists answers for a key no persist wrote (False)", _checks("storage"), 3),
+)
+
+#: The situation each host mode's storage check must reach, besides the check's own (floor: cases):
+#: a persist that starts reading device copies through staging host pages (buffer_only), or
+#: reading host copies (resident). Counted like the others, but not in `SITUATIONS`, whose floors
+#: hold for every runtime a check runs on.
+MODE_SITUATIONS: dict[str, tuple[str, int]] = {
+    "buffer_only": ("buffer_only persist through staging", 3),
+    "resident": ("resident persist from host copies", 3),
+}
+
+#: A persist's store write held in flight (thread streams only) while other steps ran and took
+#: staging: reached by `_hold_store_writes`, held to its floor by tests/conformance/test_storage_check.py.
+HELD_WRITE = "persist held in flight while other steps take staging"
 
 BY_NAME: dict[str, Situation] = {s.name: s for s in SITUATIONS}
 
@@ -454,6 +490,19 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
         sources = [source for _, source, _ in transfer.pages]
         if sources != sorted(sources):
             add("restore from host pages out of order")
+    # L3
+    for transfer_id, transfer in after.transfers.items():
+        if transfer_id not in before.transfers and transfer.kind is TransferKind.PERSIST:
+            add("buffer_only persist through staging" if any(staging >= 0 for _, _, staging in transfer.pages) else "resident persist from host copies")
+    if operation == "execute_batch" and error is None:
+        batch = before.batches.get(args[0].batch_id) if args and isinstance(args[0], PreparedBatchHandle) else None
+        if batch is not None and any(isinstance(intent, Persist) for intent in batch.plan.intents):
+            add("persist in a plan")
+        read = {name for slot in (batch.slot_set if batch else ()) for name in before.slots[slot].pages}
+        if any(t.kind in (TransferKind.PERSIST, TransferKind.FETCH) and not read & {name for name, _, _ in t.pages} for t in before.transfers.values()):
+            add("L3 transfer in flight while another batch runs")
+    if operation == "l3_exists" and error is None and args and any(key not in after.objects and key not in after.keys.values() for key in args[0]):
+        add("l3_exists of a key never written")
     # cancel back inside a page
     if operation == "cancel_batch" and error is None:
         ps = _page_size(before)
@@ -510,3 +559,15 @@ def table(tallies: dict[str, Tally]) -> list[str]:
         lines.append(f"{s.name:{width}}  " + "  ".join(cells))
     lines.append("cases (calls) per check; ! marks a count below the floor of a check that must reach it")
     return lines
+
+
+def completions_reached(reported: tuple[TransferCompletion, ...]) -> list[str]:
+    """The named situations the completions a poll or wait reported reach (the model's, renamed)."""
+    found = []
+    for completion in reported:
+        kind, failure = completion.ticket.kind, completion.failure
+        if kind is TransferKind.PERSIST:
+            found.append("persist lands" if failure is None else "store failure on persist" if failure is TransferFailure.STORE else "")
+        elif kind is TransferKind.FETCH:
+            found.append("fetch lands" if failure is None else "fetch miss" if failure is TransferFailure.MISS else "")
+    return [name for name in dict.fromkeys(found) if name]

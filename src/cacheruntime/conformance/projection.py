@@ -15,7 +15,9 @@ model's only where spec/protocol.md §2.1 fixes it, and only through the renamin
   not live (a closed slot, or every slot after a restart), and the tags of positions
   nobody wrote (their bytes are whatever the physical page held before). Tags are
   compared, for runtimes that claim TAGGED_COMPUTE, only in valid copies and only at
-  written positions (D1).
+  written positions (D1);
+- L3 (spec/protocol.md §9): the keys control gave pages (page names renamed) and the
+  store's objects by key, with their tags where TAGGED_COMPUTE is claimed (S3).
 
 `align` learns the renaming from two probes of the same moment (rows by position,
 extents already bound, in-flight transfers by the pages they move); `compare` returns
@@ -42,8 +44,19 @@ class Difference:
 
 
 def _tiers(transfer: TransferView) -> tuple[Tier, Tier]:
-    """(source tier, destination tier) of a transfer."""
-    return (Tier.L1, Tier.L2) if transfer.kind is TransferKind.BACKUP else (Tier.L2, Tier.L1)
+    """(source tier, destination tier) of a transfer's listed pages: a backup's run device to host; a
+    persist's through staging (buffer_only, the one that lists destinations) too; a persist from
+    host copies (resident) and a fetch (staging to device) read the host."""
+    if transfer.kind is TransferKind.BACKUP or (transfer.kind is TransferKind.PERSIST and transfer.destinations):
+        return (Tier.L1, Tier.L2)
+    return (Tier.L2, Tier.L1)
+
+
+def _moves(transfer: TransferView) -> list[tuple[int, int, int | None]]:
+    """A transfer's (page, source, destination) per page; a persist from host copies has no destination (None)."""
+    if not transfer.destinations:
+        return [(page, source, None) for page, source in zip(transfer.pages, transfer.sources)]
+    return list(zip(transfer.pages, transfer.sources, transfer.destinations))
 
 
 def align(renaming: Renaming, runtime: AbstractState, model: AbstractState) -> list[Difference]:
@@ -108,13 +121,13 @@ def _physical(renaming: Renaming, runtime: AbstractState, model: AbstractState, 
         if counterpart is None:
             continue
         src_tier, dst_tier = _tiers(transfer)
-        ends = {p: (s, d) for p, s, d in zip(counterpart.pages, counterpart.sources, counterpart.destinations)}
-        for name, src, dst in zip(transfer.pages, transfer.sources, transfer.destinations):
+        ends = {p: (s, d) for p, s, d in _moves(counterpart)}
+        for name, src, dst in _moves(transfer):
             model_ends = ends.get(pages.forward.get(name, -1))
             if model_ends is None:
                 continue
             for tier, mine, model_phys in ((src_tier, src, model_ends[0]), (dst_tier, dst, model_ends[1])):
-                if problem := physical[tier].bind(mine, model_phys):
+                if mine is not None and model_phys is not None and (problem := physical[tier].bind(mine, model_phys)):
                     found.append(Difference("probe:transfers", f"transfer {transfer.transfer_id} page {name}", problem))
     return physical
 
@@ -165,7 +178,7 @@ def project(
                 (
                     name(Kind.TRANSFER, t.transfer_id),
                     t.kind,
-                    _rows(zip(map(page, t.pages), (phys(_tiers(t)[0], s) for s in t.sources), (phys(_tiers(t)[1], d) for d in t.destinations))),
+                    _rows((page(p), phys(_tiers(t)[0], s), None if d is None else phys(_tiers(t)[1], d)) for p, s, d in _moves(t)),
                 )
                 for t in state.transfers
             ),
@@ -173,6 +186,10 @@ def project(
         "free": ("probe:free", tuple(sorted((pool.tier.value, len(pool.free)) for pool in state.pools))),
         "deferred": ("probe:deferred", tuple(sorted((pool.tier.value, _rows((phys(pool.tier, d),) for d in pool.deferred)) for pool in state.pools))),
         "boundary_calls": ("B1", state.boundary_calls),
+        # L3 (empty without it): control's key of each page, and the store's objects, by key; their
+        # tags (the bytes) where TAGGED_COMPUTE is claimed, else only which keys are there (S3)
+        "page_keys": ("probe:page_keys", _rows((page(p), key) for p, key in state.page_keys)),
+        "objects": ("S3", tuple((o.key, o.tags if tagged else ()) for o in state.objects)),
     }
 
 

@@ -53,6 +53,7 @@ from cacheruntime.conformance.failure import (
     readable,
 )
 from cacheruntime.conformance.renaming import Kind, Problem, Renaming
+from cacheruntime.conformance.storage import SuiteStore
 from cacheruntime.conformance.target import Target, model_for
 from cacheruntime.model.records import State
 from cacheruntime.protocol import (
@@ -69,9 +70,12 @@ from cacheruntime.protocol import (
     Demote,
     Drop,
     FaultKind,
+    Fetch,
     ForeignRuntime,
+    HostMode,
     OutOfPages,
     PageRun,
+    Persist,
     PreparedBatchHandle,
     Publish,
     Release,
@@ -86,6 +90,7 @@ from cacheruntime.protocol import (
     UnknownHandle,
 )
 from cacheruntime.recording import Recorder, format_calls
+from cacheruntime.storage import Op
 
 #: Boundary calls a failure prints at most (the latest; the reproduction replays them all).
 CALLS_SHOWN = 60
@@ -192,6 +197,15 @@ CHECKS: dict[str, Check] = {
             "injected copy, compute and worker faults: failed completions, failed batches, RuntimeFault until restart",
             MISUSE_RULES | PRESSURE_RULES,
         ),
+        Check(
+            "storage",
+            frozenset({Capability.L3}),
+            True,
+            True,
+            0.0,
+            "L3: persist and fetch through staging, l3_exists, objects removed and store writes failed or held (S1-S3)",
+            MISUSE_RULES | PRESSURE_RULES,
+        ),
     )
 }
 
@@ -249,6 +263,12 @@ class RuntimeConformance(RuleBasedStateMachine):
         #: A LOST fault was injected and the runtime has not yet said RuntimeFault: when it
         #: does, the model loses its machinery too (RuntimeLost is the environment's step).
         self.lost_armed = False
+        #: the storage check's store (`cacheruntime.conformance.storage`), given to the runtime and
+        #: played as the environment; the keys whose store write it fails; the key tuples persisted
+        self.store: SuiteStore | None = None
+        self.failing_keys: set[str] = set()
+        self.persisted: list[tuple[str, ...]] = []
+        self.holding = False  # store writes are held (`_hold_store_writes`): nothing may wait for them
 
     # -- harness ----------------------------------------------------------------------
 
@@ -496,6 +516,114 @@ class RuntimeConformance(RuleBasedStateMachine):
         if handle is not None:
             self._call("execute_batch", handle)
 
+    def _persistable_extent(self, i: int) -> CacheExtentRef | None:
+        """The i-th live extent (one published first if none is), ready to persist: in resident mode its
+        pages' backups landed (a persist reads host copies), in buffer_only it is read from the device."""
+        if not self.model.state.extents:
+            self._publish_fresh(i)
+        if not self.model.state.extents:
+            return None
+        extent, pages = self._live_extent(i)
+        if self.model.host_mode is HostMode.RESIDENT:
+            if any(self.model.state.pages[p].copies.get(Tier.L2) is None for p in pages):
+                self._call("submit", (Backup(extent),))
+            self._completions("wait_completions")
+        return extent if self._live(extent) else None
+
+    def _persist(self, i: int, where: str, fail: bool) -> None:
+        """Persist the i-th live extent under fresh keys, by `submit` or in a batch's plan; with `fail`,
+        the store write of its first key fails (STORE: the model's transfer is doomed, nothing lost)."""
+        extent = self._persistable_extent(i)
+        if extent is None:
+            return
+        keys = self.store.fresh_keys(extent.page_count)
+        if fail:
+            self.store.fail_put(keys[0])
+            self.failing_keys.add(keys[0])
+        if where == "submit":
+            started = self._call("submit", (Persist(extent, keys),)) is not None
+        else:
+            request = self._idle_request(i)
+            handle = None if request is None else self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),), (Persist(extent, keys),)))
+            started = handle is not None and self._call("execute_batch", handle) is not None
+        if started and not fail:
+            self.persisted.append(keys)
+
+    def _fetch(self, i: int, count: int, evict: bool, ask: bool, execute: bool) -> None:
+        """A new request reads the first `count` objects of the i-th persisted extent that the store
+        holds into its row (a prefix hit in L3, once their persist is reported) and computes after
+        them; with `evict`, the last of them is removed behind the runtime's back first (the fetch
+        misses: its batch fails, nothing lost); with `ask`, control asks `l3_exists` first, a key
+        never written among them."""
+        if not self.persisted:
+            return
+        keys = self.persisted[i % len(self.persisted)]
+        keys = keys[: max(1, min(count, len(keys)))]
+        self._sync()
+        # A write, or (before a removal) a read, of an object in flight may have reached the store or
+        # not: control waits for it, unless store writes are held (it would wait for the held one).
+        if any(key in t.keys for t in self.model.state.transfers.values() if t.kind is TransferKind.PERSIST for key in keys):
+            if self.holding:
+                return
+            self._completions("wait_completions")
+        keys = tuple(itertools.takewhile(lambda key: key in self.model.state.objects, keys))
+        if not keys:  # a failed write or an earlier removal: control's lookup finds no prefix to fetch
+            return
+        if evict and any(keys[-1] in t.keys for t in self.model.state.transfers.values()):
+            if self.holding:
+                return
+            self._completions("wait_completions")
+        if evict and keys[-1] in self.model.state.objects and self.store.evicted(keys[-1]):
+            self.model.remove_object(keys[-1])
+        if ask:
+            self._l3_exists(keys)
+        request = self._free_slot(i)
+        if request is None:
+            return
+        handle = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),), (Fetch(request, keys),)))
+        if handle is not None and execute:
+            self._call("execute_batch", handle)
+            self._completions("poll_completions")  # the scheduler's next step: the fetch its compute waited for is reported
+        elif handle is not None and evict:
+            self._completions("wait_completions")  # the miss is reported before the batch runs (or is cancelled)
+
+    def _l3_exists(self, keys: tuple[str, ...]) -> None:
+        """l3_exists of `keys` and a key never written, leaving out the keys of persists in flight: the
+        store may hold such an object before its persist's completion shows, or not yet (a hint)."""
+        self._sync()
+        writing = {key for t in self.model.state.transfers.values() if t.kind is TransferKind.PERSIST for key in t.keys}
+        self._call("l3_exists", (*(key for key in keys if key not in writing), *self.store.fresh_keys(1)))
+
+    def _hold_store_writes(self, i: int) -> None:
+        """Store writes held in flight (thread streams only): a persist's staging stays in use while another
+        extent is published and persisted and a fetch is planned, each of which takes staging host pages
+        (S2: none may take the held one); then the writes go through and everything lands."""
+        extent = self._persistable_extent(i)
+        if extent is None:
+            return
+        keys = self.store.fresh_keys(extent.page_count)
+        self.store.hold(Op.PUT)
+        self.holding = True
+        try:
+            if self._call("submit", (Persist(extent, keys),)) is not None:
+                self.persisted.append(keys)
+            self._publish_fresh(i + 1)
+            if len(self.model.state.extents) > 1:
+                other, _ = self._live_extent(i + 1)
+                if other != extent and self.model.host_mode is HostMode.BUFFER_ONLY:
+                    more = self.store.fresh_keys(other.page_count)
+                    if self._call("submit", (Persist(other, more),)) is not None:
+                        self.persisted.append(more)
+            if len(self.persisted) > 1:  # planned only: its compute would wait for a read queued behind the held write
+                self._fetch(i, 2, evict=False, ask=False, execute=False)
+            self._sync()
+            if any(t.kind is TransferKind.PERSIST and set(keys) & set(t.keys) for t in self.model.state.transfers.values()) and hasattr(self, "situations"):
+                coverage.observe(self.check.name, self.situations, [coverage.HELD_WRITE])
+        finally:
+            self.holding = False
+            self.store.release(Op.PUT)
+        self._completions("wait_completions")
+
     def _model_ref(self, generation: int) -> CacheExtentRef:
         """The model's ref of its live extent `generation`."""
         record = self.model.state.extents[generation]
@@ -513,6 +641,15 @@ class RuntimeConformance(RuleBasedStateMachine):
         slot = live[i % len(live)]
         return RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot, self.model.state.slots[slot].generation)
 
+    def _doom_failing_persists(self) -> None:
+        """The model's persists whose store write the suite made fail (`SuiteStore.fail_put`) fail
+        where they would complete (STORE), as the runtime's do: doomed as soon as they start."""
+        if not self.failing_keys:
+            return
+        st = self.model.state
+        doomed = {t for t, record in st.transfers.items() if record.kind is TransferKind.PERSIST and self.failing_keys & set(record.keys)}
+        st.doomed = st.doomed | doomed
+
     def _judge(self, operation: str, before: AbstractState | None, value: object = None) -> None:
         """After a successful call: B2 on the value, then (INTROSPECTION) invariants and the model match."""
         bad = invariants.B2_plain_values(value, f"{operation}()")
@@ -528,6 +665,8 @@ class RuntimeConformance(RuleBasedStateMachine):
         for invariant, predicate in invariants.TRANSITION_INVARIANTS.items():
             found[invariant] = predicate(before, after)
         found["H3"] = invariants.H3_one_live_handle(after, self.issued)
+        if self.model.host_mode is HostMode.BUFFER_ONLY:
+            found["S1"] = invariants.S1_host_pages_only_stage(after)
         if isinstance(value, RequestRuntimeHandle) and before is not None:
             found["H3"] += invariants.H3_open_takes_a_free_slot(before, value)
         violated = {k: v for k, v in found.items() if v}
@@ -555,6 +694,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         saved = self.model.state.clone() if self.set_aside and self._aside(operation, "where the model returns") else None
         model_args, model_before = self.renaming.model_args(args), self.model.state
         expected, model_error = _outcome(lambda: getattr(self.model, operation)(*model_args))
+        self._doom_failing_persists()
         self._reached(operation, model_args, model_before, model_error)
         model_outcome = f"the model raises {type(model_error).__name__}" if model_error is not None else "the model returns"
         if model_error is not None and self.set_aside and self._aside(operation, f"where {model_outcome}"):
@@ -692,6 +832,8 @@ class RuntimeConformance(RuleBasedStateMachine):
             message = f"{operation} reported {reported!r}; the model has also {held!r} completed and unreported"
             self._fail((f"contract:{operation}",), message, operation, "leaves completions unreported")
         self.model.state.unreported[:0] = held
+        if hasattr(self, "situations"):
+            coverage.observe(self.check.name, self.situations, coverage.completions_reached(expected))
         problems = self.renaming.match(tuple(reported), expected)
         if problems:
             message = f"{operation} reported {reported!r}; the model has {expected!r}: {_describe(problems)}"
@@ -736,7 +878,11 @@ class RuntimeConformance(RuleBasedStateMachine):
     def _start(self, schedule_seed: int | None = None) -> None:
         """A fresh runtime and model, each recorded, on one clock (so their calls pair up)."""
         clock = itertools.count()
-        self.runtime = Recorder(self.target.new(), clock=clock)
+        if self.check.name == "storage":
+            self.store = SuiteStore(str(dict(self.target.options).get("store", "file")))
+            self.runtime = Recorder(self.target.new(l3=self.store), clock=clock)
+        else:
+            self.runtime = Recorder(self.target.new(), clock=clock)
         info = self.runtime.info()
         bad = invariants.B2_plain_values(info, "info()")
         if bad:
@@ -760,6 +906,8 @@ class RuntimeConformance(RuleBasedStateMachine):
         """Leave no transfer running into the next case (a fresh runtime is made anyway)."""
         if self.runtime is not None and hasattr(self.runtime, "close"):
             self.runtime.close()
+        if self.store is not None:
+            self.store.close()
 
 
 def _fixed_info(info: RuntimeInfo) -> RuntimeInfo:
@@ -806,7 +954,8 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
     # model's state hold always (the rules return early instead).
     # A runtime that claims SCHEDULE_SEED replays a case exactly from its drawn seed, so there
     # every rule stays in.
-    timed = (tiers or (bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities)) and Capability.SCHEDULE_SEED not in info.capabilities
+    storage = the_check.name == "storage" and Capability.L3 in info.capabilities
+    timed = (tiers or storage or (bool(the_check.delay) and Capability.DELAY_KNOB in info.capabilities)) and Capability.SCHEDULE_SEED not in info.capabilities
 
     def when(condition):
         return precondition(lambda self: timed or condition(self))
@@ -1646,6 +1795,39 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             self._call("submit", (first, Backup(bad)))
 
         Machine.submit_two_faults = submit_two_faults
+
+    if storage:
+
+        @rule(i=st.integers(0, 7), where=st.sampled_from(["submit", "plan"]), fail=st.booleans())
+        def persist(self, i, where, fail):
+            """Control persists a cached extent to L3 (`_persist`), its store write failing or not."""
+            self._persist(i, where, fail)
+
+        Machine.persist = persist
+
+        @rule(i=st.integers(0, 7), count=st.integers(1, 3), gone=st.sampled_from(["kept", "evicted", "kept_then_asked"]), execute=st.booleans())
+        def fetch(self, i, count, gone, execute):
+            """A prefix hit in L3 is fetched into a new request's row (`_fetch`): its last object kept, or
+            removed behind the runtime's back first (MISS), or kept and asked about with `l3_exists` first."""
+            self._fetch(i, count, evict=gone == "evicted", ask=gone == "kept_then_asked", execute=execute)
+
+        Machine.fetch = fetch
+
+        @rule(i=st.integers(0, 7), known=st.integers(0, 3))
+        def l3_exists(self, i, known):
+            """Control asks which of some persisted keys, and a key never written, the store holds."""
+            self._l3_exists(self.persisted[i % len(self.persisted)][:known] if self.persisted else ())
+
+        Machine.l3_exists = l3_exists
+
+        if Capability.SCHEDULE_SEED not in info.capabilities:  # a simulated stream runs the held write on the caller's thread
+
+            @rule(i=st.integers(0, 7))
+            def hold_store_writes(self, i):
+                """Store writes held while other steps take staging (`_hold_store_writes`)."""
+                self._hold_store_writes(i)
+
+            Machine.hold_store_writes = hold_store_writes
 
     if the_check.restart and Capability.RESTART in info.capabilities:
 

@@ -1,6 +1,6 @@
 """The conformance checks as pytest tests, for `from cacheruntime.conformance.suite import *`.
 
-One test per check (`core`, `tiers`, `restart`, `ordering`), so a team sees which area
+One test per check (`core`, `tiers`, `restart`, `ordering`, `faults`, `storage`), so a team sees which area
 fails, which is skipped for lack of a claim, and which fails as expected. The fixtures
 come from `cacheruntime.conformance.plugin`.
 """

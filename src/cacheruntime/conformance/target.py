@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import attrs
 
 from cacheruntime.model import ReferenceModel
-from cacheruntime.protocol import RuntimeInfo, RuntimeInterface
+from cacheruntime.protocol import Capability, HostMode, RuntimeInfo, RuntimeInterface
 
 
 def parse_options(pairs: Iterable[str]) -> dict[str, object]:
@@ -57,9 +57,10 @@ class Target:
             obj = getattr(obj, part)
         return obj
 
-    def new(self) -> RuntimeInterface:
-        """A fresh runtime from the factory."""
-        return self.factory()(**dict(self.options))
+    def new(self, **overrides: object) -> RuntimeInterface:
+        """A fresh runtime from the factory; `overrides` are the suite's own arguments (the storage
+        check's `l3` store), passed besides the target's options and winning over them."""
+        return self.factory()(**{**dict(self.options), **overrides})
 
     def __str__(self) -> str:
         opts = "".join(f" --option {k}={v}" for k, v in self.options)
@@ -67,7 +68,13 @@ class Target:
 
 
 def model_for(info: RuntimeInfo) -> ReferenceModel:
-    """The reference model configured as the runtime says it is, so ids and sizes agree."""
+    """The reference model configured as the runtime says it is, so ids and sizes agree.
+
+    A runtime that claims L3 gets a model with L3; one that claims L3 but not L2 keeps its host
+    pages for staging only (buffer_only, spec/protocol.md §9.1), and the model does too.
+    """
+    l3 = Capability.L3 in info.capabilities
+    buffer_only = l3 and Capability.L2 not in info.capabilities
     return ReferenceModel(
         runtime_id=info.runtime_id,
         page_size=info.page_size,
@@ -76,4 +83,6 @@ def model_for(info: RuntimeInfo) -> ReferenceModel:
         l1_pages=info.l1_pages,
         l2_pages=info.l2_pages,
         vocab_size=info.vocab_size,
+        l3=l3,
+        host_mode=HostMode.BUFFER_ONLY if buffer_only else HostMode.RESIDENT,
     )

@@ -69,6 +69,27 @@ def conformance(device: str = "cpu") -> LocalGPURuntime:
     return LocalGPURuntime(device=device, **conformance_options(), **suite_streams(device))
 
 
+def conformance_l3(host_mode: str = "resident", store: str = "file", l3: Any = None, streams: str = "simulated", device: str = "cpu") -> LocalGPURuntime:
+    """The conformance configuration with an L3 store, in `host_mode` (resident or buffer_only).
+
+    The storage check passes `l3`, the store it slows down and makes fail
+    (`cacheruntime.conformance.storage.SuiteStore`, around a backend of the kind `store` names);
+    the other checks, which pass none, get a fresh one of that kind here. `streams="threads"`
+    is the same runtime on CPU worker threads, where the check also holds store writes in flight.
+    """
+    import weakref
+
+    from cacheruntime.conformance.storage import SuiteStore
+    from cacheruntime.runtime.local import LocalGPURuntime
+
+    chosen = suite_streams(device) if streams == "simulated" else {"streams": streams}
+    own = SuiteStore(store) if l3 is None else None
+    runtime = LocalGPURuntime(device=device, **conformance_options(), **chosen, host_mode=host_mode, l3=l3 if own is None else own)
+    if own is not None:  # a runtime leaves its store open (the store is the caller's): this one is ours, closed with the runtime
+        weakref.finalize(runtime, own.close)
+    return runtime
+
+
 def conformance_threads() -> LocalGPURuntime:
     """The conformance configuration on CPU worker threads: interleavings the machine picks."""
     from cacheruntime.runtime.local import LocalGPURuntime

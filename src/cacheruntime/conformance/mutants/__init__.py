@@ -18,7 +18,9 @@ suite's own model runtime (`cacheruntime.conformance.selftest`), so the suite is
 even where the runtime does not expose a guard (a corrupted restore, a non-atomic submit,
 a split that keeps its parent). `faults.*` mishandle one fault each (a failed copy taken for
 landed, write-back that drops too early, a failed batch committed, a dead worker unnoticed):
-the `faults` check kills them.
+the `faults` check kills them. `storage.*` get one step of the L3 tier wrong (staging freed
+before the store write, a failed write that drops the device copy, a miss taken for a hit):
+the `storage` check, which gives a runtime its store, kills them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from cacheruntime.conformance.mutants import faults as _faults
 from cacheruntime.conformance.mutants import local as _local
 from cacheruntime.conformance.mutants import model as _model
 from cacheruntime.conformance.mutants import situations as _situations
+from cacheruntime.conformance.mutants import storage as _storage
 from cacheruntime.conformance.target import Target
 
 _FAMILIES = {
@@ -38,6 +41,7 @@ _FAMILIES = {
     "family": _families.MUTANTS,
     "situation": _situations.MUTANTS,
     "faults": _faults.MUTANTS,
+    "storage": _storage.MUTANTS,
 }
 
 

@@ -1,0 +1,85 @@
+"""The `storage` check (issue 21 item 4) passes on `LocalGPURuntime` with L3 in both host modes, over
+the file store and over Mooncake, and reaches its situations; the storage mutants die on it.
+
+Each configuration is `cacheruntime.runtime.factories:conformance_l3` with `host_mode` and the
+suite's `store` option; the check gives the runtime a `SuiteStore` around a fresh backend of that
+kind per case (`cacheruntime.conformance.storage`). The file-store runs use the CI profile; the
+Mooncake runs (a `LocalMooncake` on loopback, started and stopped here) a shorter one, as each
+case's client connects to the cluster. One run on CPU worker threads holds store writes in
+flight (`hold_store_writes`), which a simulated stream cannot (it runs the held step on the
+caller's thread). The mutants are `storage.*` (`cacheruntime.conformance.mutants.storage`):
+`tests/conformance/test_conformance_mutants.py` asserts each dies, trying this check first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from cacheruntime.conformance import coverage
+from cacheruntime.conformance.mutants import MUTANTS
+from cacheruntime.conformance.profiles import profile
+from cacheruntime.conformance.runner import describe, run_check
+from cacheruntime.conformance.target import Target
+
+FACTORY = "cacheruntime.runtime.factories:conformance_l3"
+MODES = ["resident", "buffer_only"]
+
+#: cases of the Mooncake runs and of the thread-stream run (the file-store runs use the CI profile's 60)
+SHORT_RUN = 15
+
+needs_mooncake = pytest.mark.skipif(importlib.util.find_spec("mooncake") is None, reason="the [mooncake] extra is not installed")
+
+
+def _run(target: Target, max_examples: int | None = None):
+    """The storage check on `target` (no shrinking: a failure prints its unshrunk reproduction), and what it reached."""
+    with coverage.recording() as reach:
+        outcome = run_check(target, "storage", profile("ci", max_examples=max_examples, shrink=False))
+    assert outcome.status == "passed", "\n\n".join(describe(v, shrunk=False) for v in outcome.violations) or outcome.message
+    return reach["storage"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_storage_check_passes_over_the_file_store_and_reaches_its_situations(mode):
+    tally = _run(Target(FACTORY, (("host_mode", mode),)))
+    assert not tally.shortfalls("storage"), tally.shortfalls("storage")
+    situation, floor = coverage.MODE_SITUATIONS[mode]
+    assert tally.cases[situation] >= floor, f"{situation}: {tally.cases[situation]} case(s), floor {floor}"
+
+
+@pytest.fixture(scope="module")
+def mooncake_cluster(tmp_path_factory):
+    from cacheruntime.storage.master import LocalMooncake
+
+    with LocalMooncake(tmp_path_factory.mktemp("mooncake"), lease_ms=1500) as cluster:
+        yield cluster
+
+
+@needs_mooncake
+@pytest.mark.parametrize("mode", MODES)
+def test_storage_check_passes_over_mooncake(mode, mooncake_cluster):
+    store = f"mooncake:{mooncake_cluster.master_address},{mooncake_cluster.metadata_url}"
+    tally = _run(Target(FACTORY, (("host_mode", mode), ("store", store))), SHORT_RUN)
+    assert tally.cases["persist lands"] and tally.cases["fetch lands"] and tally.cases["store failure on persist"]
+
+
+def test_held_store_writes_on_thread_streams():
+    """buffer_only on worker threads: the rule that holds store writes is drawn, and staging survives it (S2)."""
+    tally = _run(Target(FACTORY, (("host_mode", "buffer_only"), ("streams", "threads"))), SHORT_RUN)
+    assert tally.cases["buffer_only persist through staging"] and tally.cases[coverage.HELD_WRITE] >= 2, dict(tally.cases)
+
+
+def test_the_storage_check_skips_a_runtime_without_l3():
+    outcome = run_check(Target("cacheruntime.runtime.factories:conformance"), "storage", profile("ci", max_examples=1))
+    assert outcome.status == "skipped" and "L3" in outcome.message
+
+
+def test_every_storage_mutant_names_an_l3_invariant():
+    storage = {name: m for name, m in MUTANTS.items() if name.startswith("storage.")}
+    assert set(storage) >= {
+        "storage.staging_reused_before_store_write",
+        "storage.store_failure_drops_device_copy",
+        "storage.fetch_miss_reported_as_hit",
+    }
+    assert all(m.invariant in {"S1", "S2", "S3", "F1"} for m in storage.values())

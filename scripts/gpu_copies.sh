@@ -17,5 +17,5 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
   export PYTHONPATH="$unpacked${PYTHONPATH:+:$PYTHONPATH}"
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; "$PYTHON" -c "import sys, torch; print(torch.__version__, torch.version.cuda, sys.version.split()[0])"; } >"$ROOT/machine.txt" 2>&1
-PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m benchmarks.diagnostics.copypaths --json "$ROOT/copypaths.json" 2>&1 | tee "$ROOT/copypaths.log"
+PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m benchmarks.diagnostics.copypaths --json "$ROOT/copypaths.json" --trace-dir "$ROOT" 2>&1 | tee "$ROOT/copypaths.log"
 exit "${PIPESTATUS[0]}"

@@ -42,6 +42,7 @@ CPU by `apply_pieces`/`apply_2d` (the smoke test compares them with `KVMemory` o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -157,6 +158,8 @@ class CudaCalls:
     def __init__(self, cudart: Any, device_index: int):
         self.cudart = cudart
         self.device_index = device_index
+        #: Pieces per cudaMemcpyBatchAsync call: all at once, until a call refuses that many.
+        self.max_count: int | None = None
 
     def _check(self, result: Any, what: str) -> None:
         err = result[0] if isinstance(result, tuple) else result
@@ -175,11 +178,20 @@ class CudaCalls:
 
     def batch(self, src_base: int, dst_base: int, pieces: list[Piece], restore: bool, stream: torch.cuda.Stream) -> None:
         """All `pieces` in one cudaMemcpyBatchAsync on `stream`."""
-        srcs = [src_base + p.src for p in pieces]
-        dsts = [dst_base + p.dst for p in pieces]
-        sizes = [p.size for p in pieces]
-        result = self.cudart.cudaMemcpyBatchAsync(dsts, srcs, sizes, len(pieces), [self._attrs(restore)], [0], 1, stream.cuda_stream)
-        self._check(result, "cudaMemcpyBatchAsync")
+        attrs = [self._attrs(restore)]
+        step = self.max_count or len(pieces)
+        for lo in range(0, len(pieces), step):
+            part = pieces[lo : lo + step]
+            srcs = [src_base + p.src for p in part]
+            dsts = [dst_base + p.dst for p in part]
+            sizes = [p.size for p in part]
+            result = self.cudart.cudaMemcpyBatchAsync(dsts, srcs, sizes, len(part), attrs, [0], 1, stream.cuda_stream)
+            if self.max_count is None and len(part) > 1024 and result[0] != self.cudart.cudaError_t.cudaSuccess:
+                print(f"cudaMemcpyBatchAsync refused {len(part)} pieces ({result[0]}): batches of 1024 from now on", flush=True)
+                self.max_count = 1024
+                self.batch(src_base, dst_base, pieces, restore, stream)
+                return
+            self._check(result, "cudaMemcpyBatchAsync")
 
     def copy_2d(self, src_base: int, dst_base: int, copies: list[Copy2D], restore: bool, stream: torch.cuda.Stream) -> None:
         """One cudaMemcpy2DAsync per entry of `copies` on `stream`."""
@@ -326,6 +338,95 @@ def time_both(restore: Callable[[], None], backup: Callable[[], None], streams: 
 
 
 # -------------------------------------------------------------------------------------
+# The runtime's page index read by a kernel instead of an H2D copy, and device traces
+# -------------------------------------------------------------------------------------
+
+
+_KEEP: list[torch.Tensor] = []  # pinned index lists read by kernels still in flight (a diagnostic: never freed)
+
+
+def _index_by_kernel() -> Callable[[list[int], torch.dtype, torch.device], torch.Tensor]:
+    """A `to_device` whose values a Triton kernel reads from pinned host memory (UVA): no copy-engine work."""
+    import triton  # type: ignore[import-not-found]
+    import triton.language as tl  # type: ignore[import-not-found]
+
+    @triton.jit
+    def load(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+    def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        host = torch.tensor(values, dtype=dtype).pin_memory()
+        _KEEP.append(host)
+        out = torch.empty(len(values), dtype=dtype, device=device)
+        if values:
+            load[(triton.cdiv(len(values), 1024),)](host, out, len(values), BLOCK=1024)
+        return out
+
+    return to_device
+
+
+class index_by_kernel:
+    """While active, `KVMemory` uploads its page index through `_index_by_kernel` (the hypothesis test)."""
+
+    def __enter__(self) -> None:
+        from cacheruntime.runtime.device import memory
+
+        self._module, self._saved = memory, memory.to_device
+        setattr(memory, "to_device", _index_by_kernel())  # noqa: B010
+
+    def __exit__(self, *exc: Any) -> None:
+        setattr(self._module, "to_device", self._saved)  # noqa: B010
+
+
+def traced(fn: Callable[[], Any], path: str, mark: str) -> list[dict[str, Any]]:
+    """Run `fn` under the torch profiler (chrome trace to `path`); the device ops after the last `mark` annotation."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    marks = [e["ts"] for e in events if e.get("name") == mark and e.get("cat") == "user_annotation"]
+    if not marks:
+        return []
+    t0 = marks[-1]
+    ops = []
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e["ts"] >= t0:
+            args = e.get("args", {})
+            ops.append(
+                {
+                    "stream": args.get("stream"),
+                    "what": e["name"][:40],
+                    "bytes": args.get("bytes"),
+                    "start_ms": round((e["ts"] - t0) / 1e3, 3),
+                    "end_ms": round((e["ts"] + e.get("dur", 0) - t0) / 1e3, 3),
+                }
+            )
+    return sorted(ops, key=lambda o: o["start_ms"])
+
+
+def show_trace(ops: list[dict[str, Any]]) -> None:
+    """Device ops in start order, runs of equal ops on one stream folded into one line."""
+    folded: list[dict[str, Any]] = []
+    for op in ops:
+        last = folded[-1] if folded else None
+        if last is not None and last["stream"] == op["stream"] and last["what"] == op["what"]:
+            last["n"] += 1
+            last["end_ms"] = max(last["end_ms"], op["end_ms"])
+            last["bytes"] = (last["bytes"] or 0) + (op["bytes"] or 0)
+        else:
+            folded.append(dict(op, n=1))
+    for op in folded:
+        size = f" {op['bytes'] / 2**20:.3f} MiB" if op["bytes"] else ""
+        print(f"    stream {op['stream']}: {op['n']} x {op['what']}{size}  {op['start_ms']}-{op['end_ms']} ms")
+
+
+# -------------------------------------------------------------------------------------
 # The measurement
 # -------------------------------------------------------------------------------------
 
@@ -440,14 +541,17 @@ def verify(setup: Setup, name: str, restore: Callable[[], None], backup: Callabl
     torch.cuda.synchronize()
     mem.l1.zero_()
     setup.page_major.zero_()
-    torch.cuda.synchronize()
-    restore()
+    side = torch.cuda.Stream(mem.device)  # not the legacy default stream, which cudaMemcpyBatchAsync refuses
+    with torch.cuda.stream(side):
+        restore()
     torch.cuda.synchronize()
     got = setup.page_major[torch.tensor(dev, device=mem.device)].view(len(dev), *mem.page_shape) if page_major else mem.read_l1(dev)
     same = lambda a, b: torch.equal(a.view(torch.int16), b.view(torch.int16))  # noqa: E731 (bits: random bf16 holds NaNs)
     restored = same(got.cpu(), expected)
     mem.l2[torch.tensor(host)] = 0
-    backup()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        backup()
     torch.cuda.synchronize()
     backed = same(mem.read_l2(host), expected)
     mem.l2[torch.tensor(host)] = expected.view(len(host), -1)
@@ -481,7 +585,7 @@ def baselines(setup: Setup, reps: int, hz: float) -> tuple[dict[str, dict[str, T
     return single, both
 
 
-def protocol_both(reps: int, seed: int, throttle: bool) -> dict[str, Any]:
+def protocol_both(reps: int, seed: int, throttle: bool, kernel_index: bool = False, trace: str | None = None) -> dict[str, Any]:
     """The transfer section's own both-directions measurement (ps=16, run=8), the runtime's copy calls instrumented."""
     from benchmarks import add_arguments, harness, hooks, resolve, transfers
     from benchmarks.report import Row
@@ -527,11 +631,15 @@ def protocol_both(reps: int, seed: int, throttle: bool) -> dict[str, Any]:
                 ref.record(torch.cuda.default_stream())
                 marks.append((time.perf_counter(), ref))
                 calls.append({"kind": "mark"})
+                with torch.profiler.record_function("copypaths mark"):
+                    return submit(ops)
             return submit(ops)
 
         setattr(rt, "submit", marked_submit)  # noqa: B010
         rows: list[Row] = []
-        transfers._both_directions(args, device, clock, rows, rt, page_size, run_len, pages, pages * page_bytes, random.Random(seed))
+        measured = lambda: transfers._both_directions(args, device, clock, rows, rt, page_size, run_len, pages, pages * page_bytes, random.Random(seed))  # noqa: E731
+        with index_by_kernel() if kernel_index else contextlib.nullcontext():
+            ops = traced(measured, trace, "copypaths mark") if trace else (measured(), [])[1]
         torch.cuda.synchronize()
     finally:
         harness.close_runtime(rt)
@@ -556,10 +664,40 @@ def protocol_both(reps: int, seed: int, throttle: bool) -> dict[str, Any]:
             }
         )
     row = rows[0]
-    return {"throttle": throttle, "gbps": row.value, "baseline_gbps": row.baseline, "ratio": row.value / row.baseline, "calls_per_rep": reps_out[1:]}
+    return {
+        "throttle": throttle,
+        "kernel_index": kernel_index,
+        "trace_of_last_rep": ops,
+        "gbps": row.value,
+        "baseline_gbps": row.baseline,
+        "ratio": row.value / row.baseline,
+        "calls_per_rep": reps_out[1:],
+    }
 
 
-def measure(device: torch.device, mib: int, reps: int, seed: int) -> dict[str, Any]:
+def split_backup(setup: Setup, lists: dict[str, list[int]], streams: tuple[Any, Any], reps: int, hz: float) -> dict[str, dict[str, float]]:
+    """The runtime's restore of extent a beside its backup of extent b split as the D2H throttle
+    splits it (the first 16 pages, then the rest), with the page index copied (as today) or read by a kernel."""
+    mem, hb, db = setup.mem, lists["host_b"], lists["dev_b"]
+
+    def restore() -> None:
+        mem.restore(lists["host_a"], lists["dev_a"])
+
+    def split() -> None:
+        mem.backup(db[:16], hb[:16])
+        mem.backup(db[16:], hb[16:])
+
+    def whole() -> None:
+        mem.backup(db, hb)
+
+    found = {"runtime run=8 backup 16+240": time_both(restore, split, streams, reps, hz)}
+    with index_by_kernel():
+        found["runtime run=8 backup 16+240 index by kernel"] = time_both(restore, split, streams, reps, hz)
+        found["runtime run=8 index by kernel"] = time_both(restore, whole, streams, reps, hz)
+    return found
+
+
+def measure(device: torch.device, mib: int, reps: int, seed: int, trace_dir: str) -> dict[str, Any]:
     hz = _cycles_per_second(device)
     calls, found = probe(device)
     print("cuda-bindings probe:", json.dumps(found), flush=True)
@@ -606,6 +744,8 @@ def measure(device: torch.device, mib: int, reps: int, seed: int) -> dict[str, A
                 if name == "runtime":
                     result["paths"][name][str(run)][kind + "_routine"] = setup.mem.last_path
             both[f"{name} run={run}"] = time_both(restore("a"), backup("b"), (stream, other), reps, hz)
+        if run == 8:
+            both.update(split_backup(setup, lists, (stream, other), reps, hz))
     print("\nboth directions at once (restore on one stream, backup on another, issued from one thread): ms from the common start")
     print(f"{'path':<26} {'GB/s':>6} {'ratio':>6} {'queued GB/s':>11} {'restore dev':>15} {'backup dev':>15} {'host restore':>12} {'host backup':>11}")
     for name, b in both.items():
@@ -620,12 +760,23 @@ def measure(device: torch.device, mib: int, reps: int, seed: int) -> dict[str, A
     del setup
     torch.cuda.empty_cache()
     result["protocol_both"] = []
-    for throttle in (True, False):
-        found_p = protocol_both(reps, seed, throttle)
+    variants = (
+        (True, False, None),
+        (False, False, None),
+        (True, True, None),
+        (True, False, "trace-throttle.json"),
+        (True, True, "trace-throttle-kernel-index.json"),
+    )
+    for throttle, kernel_index, trace in variants:
+        found_p = protocol_both(reps, seed, throttle, kernel_index, trace and f"{trace_dir}/{trace}")
         result["protocol_both"].append(found_p)
         print(
-            f"\nprotocol restore + backup at once ps=16 run=8 (the transfer section's code), D2H throttle {'on (default)' if throttle else 'off'}: {found_p['gbps']:.1f} GB/s against {found_p['baseline_gbps']:.1f} ({found_p['ratio']:.3f})"
+            f"\nprotocol restore + backup at once ps=16 run=8 (the transfer section's code), D2H throttle {'on (default)' if throttle else 'off'}"
+            f"{', page index read by a kernel' if kernel_index else ''}{', traced' if trace else ''}: {found_p['gbps']:.1f} GB/s against {found_p['baseline_gbps']:.1f} ({found_p['ratio']:.3f})"
         )
+        if trace:
+            print("  the last rep's device ops from the submit (torch profiler):")
+            show_trace(found_p["trace_of_last_rep"])
         print("  per rep, each copy call: kind pages routine host issue [ms] device run [ms], from the submit")
         for i, rep in enumerate(found_p["calls_per_rep"]):
             print(
@@ -643,11 +794,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=512, help="bytes per measurement (512 MiB, the transfer section's)")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up (5)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-dir", default=".", help="where the profiler traces of the protocol runs go (.)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("copypaths: CUDA is not available; the copy plans are checked on CPU by tests/bench/test_copypaths.py")
         return 0
-    found = measure(torch.device("cuda"), args.mib, args.reps, args.seed)
+    found = measure(torch.device("cuda"), args.mib, args.reps, args.seed, args.trace_dir)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(found, f, indent=1)

@@ -68,6 +68,7 @@ if [[ "${E2E:-1}" != 0 ]]; then
   OUT="$ROOT/e2e" bash scripts/gpu_e2e.sh >"$ROOT/gpu_e2e.log" 2>&1
   e2e=$?
 fi
+[[ "${COPIES:-0}" != 0 ]] && { OUT="$ROOT" bash scripts/gpu_copies.sh >"$ROOT/gpu_copies.log" 2>&1 || bench=1; }  # page-size-16 copy paths (COPIES=1; carry .whl: scripts/gpu_copies.sh)
 deep=0
 if [[ -n "${DEEP_TOOLS:-}" ]]; then
   OUT="$ROOT" bash scripts/gpu_tlc_deep.sh >"$ROOT/gpu_tlc_deep.log" 2>&1

@@ -541,6 +541,7 @@ def verify(setup: Setup, name: str, restore: Callable[[], None], backup: Callabl
     torch.cuda.synchronize()
     mem.l1.zero_()
     setup.page_major.zero_()
+    torch.cuda.synchronize()  # the zeroing (default stream) done before the copy on the side stream starts
     side = torch.cuda.Stream(mem.device)  # not the legacy default stream, which cudaMemcpyBatchAsync refuses
     with torch.cuda.stream(side):
         restore()

@@ -32,8 +32,9 @@ calls instrumented: when each was issued on the host and when it ran on the devi
 
 `cuda-bindings` is optional (the device machine gets it as a carried wheel,
 `scripts/gpu_copies.sh`); the probe says whether `cudaMemcpyBatchAsync` exists and copies
-correctly, and without it those paths are reported as unavailable. Every path's copy is
-checked once against the runtime's own on the same pages before it is timed.
+correctly, and without it those paths are reported as unavailable. Every path is
+checked once before it is timed: its restore must put L2's bytes on the timed pages and its
+backup bring them back (bit for bit; the output marks a failure `WRONG BYTES`).
 
 The copy plans (`row_pieces`, `page_2d`, `joint_runs`) are plain byte offsets, applied on
 CPU by `apply_pieces`/`apply_2d` (the smoke test compares them with `KVMemory` on CPU).

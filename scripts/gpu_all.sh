@@ -84,6 +84,7 @@ if [[ "${L3:-1}" != 0 ]]; then
   df -h "$store" >>"$ROOT/l3/l3.log" 2>&1  # which disk the file store was on
   rm -rf "$store"
 fi
+[[ "${COPIES:-0}" != 0 ]] && { OUT="$ROOT" bash scripts/gpu_copies.sh >"$ROOT/gpu_copies.log" 2>&1 || bench=1; }  # page-size-16 copy paths (COPIES=1; carry .whl: scripts/gpu_copies.sh)
 deep=0
 if [[ -n "${DEEP_TOOLS:-}" ]]; then
   OUT="$ROOT" bash scripts/gpu_tlc_deep.sh >"$ROOT/gpu_tlc_deep.log" 2>&1

@@ -62,7 +62,7 @@ def test_gate_end_to_end_on_the_local_runtime(tmp_path):
     proc = _check("--junitxml", str(junit), "--max-examples", "10")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     names = [case.get("name") for case in ET.parse(junit).getroot().iter("testcase")]
-    assert names == ["traceability", "tlc", "runtime-traces", "z3", "core", "tiers", "restart", "ordering", "faults"]  # one per conformance check
+    assert names == ["traceability", "tlc", "runtime-traces", "z3", "core", "tiers", "restart", "ordering", "faults", "storage"]  # one per conformance check
     assert "gate: passed" in proc.stdout
 
 

@@ -24,29 +24,26 @@ def _memory() -> KVMemory:
     return mem
 
 
+@pytest.mark.parametrize("restore", [True, False], ids=["restore", "backup"])
 @pytest.mark.parametrize("run", [1, 2, 3])
-def test_plans_move_the_runtime_s_bytes(run: int) -> None:
+def test_plans_move_the_runtime_s_bytes(run: int, restore: bool) -> None:
     rng = random.Random(run)
     host = scattered_runs(list(range(24)), run, 6, rng)[:6]
     dev = scattered_runs(list(range(24)), run, 6, rng)[:6]
     reference = _memory()
-    reference.restore(host, dev)
+    if restore:
+        reference.restore(host, dev)
+    else:
+        reference.backup(dev, host)
     for plan in ("rows", "2d"):
         mem = _memory()
+        src, dst = (mem.l2, mem.l1) if restore else (mem.l1, mem.l2)
         if plan == "rows":
-            copypaths.apply_pieces(mem.l2, mem.l1, copypaths.row_pieces(mem, host, dev, restore=True))
+            copypaths.apply_pieces(src, dst, copypaths.row_pieces(mem, host, dev, restore=restore))
         else:
-            copypaths.apply_2d(mem.l2, mem.l1, copypaths.page_2d(mem, host, dev, restore=True))
-        assert torch.equal(mem.l1.view(torch.int16), reference.l1.view(torch.int16)), plan
-    reference = _memory()
-    reference.backup(dev, host)
-    for plan in ("rows", "2d"):
-        mem = _memory()
-        if plan == "rows":
-            copypaths.apply_pieces(mem.l1, mem.l2, copypaths.row_pieces(mem, host, dev, restore=False))
-        else:
-            copypaths.apply_2d(mem.l1, mem.l2, copypaths.page_2d(mem, host, dev, restore=False))
-        assert torch.equal(mem.l2.view(torch.int16), reference.l2.view(torch.int16)), plan
+            copypaths.apply_2d(src, dst, copypaths.page_2d(mem, host, dev, restore=restore))
+        expected = reference.l1 if restore else reference.l2
+        assert torch.equal(dst.view(torch.int16), expected.view(torch.int16)), plan
 
 
 def test_joint_runs_merge_only_pages_consecutive_on_both_sides() -> None:

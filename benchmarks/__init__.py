@@ -182,7 +182,7 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "l3_dir": (None, None, None, None),
     "l3_page_size": (16, 16, 16, 16),
     "l3_mib": (512, 128, 16, 2),
-    "l3_step_pages": (64, 32, 8, 4),
+    "l3_step_pages": (16, 16, 8, 4),
     "e2e_conversations": (32, 8, 8, 8),
     "e2e_turns": (4, 2, 3, 3),
     "e2e_system": ([2048, 4096, 8192], [2048, 8192], [64, 96], [32, 48]),

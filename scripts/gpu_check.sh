@@ -74,6 +74,25 @@ step conformance_cuda "$PY" -m cacheruntime.cli conformance \
   --runtime cacheruntime.runtime.factories:conformance --option device=cuda \
   --junitxml "$OUT/conformance_cuda.xml"
 
+# The storage check (capability L3) on CUDA streams, both host modes: a fetch's H2D is issued
+# by the storage step on a CUDA stream of its own (runtime/device/l3moves.py).
+for mode in resident buffer_only; do
+  step "storage_cuda_$mode" "$PY" -m cacheruntime.cli conformance \
+    --runtime cacheruntime.runtime.factories:conformance_l3 --option device=cuda --option streams=threads \
+    --option host_mode=$mode --check storage --junitxml "$OUT/storage_cuda_$mode.xml"
+done
+
+# The main job twice against one file store on CUDA, buffer_only: the second run serves prefix
+# hits from L3 (hit_tokens_l3 > 0) with 0 output mismatches.
+l3dir=$(mktemp -d)
+l3_second_run() {
+  "$PY" -m cacheruntime.cli run --device cuda --l3 "file:$l3dir" --host-mode buffer_only --quiet --json "$OUT/run_l3_first.json" &&
+    "$PY" -m cacheruntime.cli run --device cuda --l3 "file:$l3dir" --host-mode buffer_only --json "$OUT/run_l3_second.json" &&
+    "$PY" -c "import json, sys; s = json.load(open(sys.argv[1])); print('hit_tokens_l3', s['hit_tokens_l3'], 'output_mismatches', s['output_mismatches']); sys.exit(not (s['hit_tokens_l3'] > 0 and s['output_mismatches'] == 0))" "$OUT/run_l3_second.json"
+}
+step main_job_l3 l3_second_run
+rm -rf "$l3dir"
+
 # Executions of LocalGPURuntime on CUDA streams, recorded (gzip'd JSON lines) for the spec's
 # trace check, which runs on CPU afterwards (this machine has no Java):
 # `cacheruntime tlc --traces-from DIR` on the unpacked folder (tla/README.md).

@@ -33,7 +33,9 @@ from cacheruntime.runtime.local import LocalGPURuntime
 from cacheruntime.storage import FaultyStore, FileStore, Op
 
 MODES = ["resident", "buffer_only"]
-STREAMS = ["threads", "simulated"]
+#: CPU worker threads, CPU simulated streams, and CUDA streams (marked `cuda`: skipped without a
+#: GPU; scripts/gpu_check.sh runs them), where a fetch's H2D is issued by the storage step.
+STREAMS = ["threads", "simulated", "cuda"]
 KEYS = ("p0", "p1")
 
 
@@ -68,12 +70,16 @@ class L3Twin(Twin):
 
 def new_l3twin(tmp_path, mode: str, streams: str) -> L3Twin:
     store = FaultyStore(FileStore(tmp_path / "l3"))
-    twin = L3Twin(LocalGPURuntime(**conformance_options(), streams=streams, l3=store, host_mode=mode), mode)
+    where = {"device": "cuda", "streams": "threads"} if streams == "cuda" else {"streams": streams}
+    twin = L3Twin(LocalGPURuntime(**conformance_options(), **where, l3=store, host_mode=mode), mode)
     twin.store, twin.mode = store, mode
     return twin
 
 
-@pytest.fixture(params=[(m, s) for m in MODES for s in STREAMS], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    params=[pytest.param((m, s), marks=[pytest.mark.cuda] if s == "cuda" else []) for m in MODES for s in STREAMS],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def l3twin(request, tmp_path):
     twin = new_l3twin(tmp_path, *request.param)
     yield twin
@@ -127,6 +133,28 @@ def test_fetch_of_a_removed_object_misses_and_the_batch_fails(l3twin):
     assert missed.failure is TransferFailure.MISS
     # control falls back to recompute: the same request, the tokens as input
     t.execute_batch(t.prepare_batch(plan(item(r2, 5, start=1))))
+
+
+def test_a_fetch_in_one_page_chunks_lands_and_a_miss_in_a_later_chunk_fails_it(l3twin):
+    """A fetch reads its objects a chunk per store request and copies each chunk as its read
+    lands: with one page per chunk, a hit lands every page, and a miss in the second chunk (after
+    the first was copied) fails the fetch as MISS, its staging freed and the batch failed."""
+    t = l3twin
+    t.runtime.device_layer.l3.fetch_chunk_pages = 1
+    r, extent, _ = persisted(t)
+    t.settle()
+    t.close_request(r)
+    t.release(extent)
+    r2, batch = fetch_step(t)
+    assert t.execute_batch(batch).items[0].num_tokens == 5  # the token digests the fetched bytes
+    t.settle()
+    t.store.evict(KEYS[1:])
+    t.model.remove_object(KEYS[1])
+    r3, failing = fetch_step(t)
+    with pytest.raises(ComputeFailed):
+        t.execute_batch(failing)
+    (missed,) = t.settle()
+    assert missed.failure is TransferFailure.MISS
 
 
 def test_a_failed_store_write_reports_store_and_keeps_every_copy(l3twin):

@@ -5,15 +5,21 @@ A persist or fetch is a chain of steps on streams, ordered by events as every tr
 - persist, resident: a store put reading the host copies, on the `storage` stream;
 - persist, buffer_only: a D2H of the device copies into staging on the D2H stream, after the
   latest compute (O2), then the put reading staging on the `storage` stream;
-- fetch: a store get into staging on the `storage` stream, then an H2D of staging into the
-  device pages on the H2D stream; compute waits for the H2D's event (KV_READY, O1).
+- fetch: one step on the `storage` stream that reads the objects into staging chunk by chunk
+  and copies each chunk to its device pages as soon as its read is in (on CUDA: issues the H2D
+  on a CUDA stream of its own, the `fetch` stream), so the copies overlap the reads still
+  running; compute waits for the step and its last copy (KV_READY, O1).
 
 The `storage` stream is a host queue (a CPU worker thread, or a simulated stream whose turn the
 schedule picks): its step hands the batch to the `StorageWorker`, whose threads do the I/O, and
 waits for the completion, so the store I/O never runs on the caller's thread or the compute
-stream. A step's result raises `L3Miss` (a key had no object) or `L3StoreFailed`; the transfer
-then fails with `TransferFailure.MISS` or `STORE` (`failure`). Staging is a host page the
-ledger deferred behind the transfer, freed only after the last step (S2).
+stream. A fetch's H2D is issued by that step too, not by the caller: a CUDA stream cannot wait
+for a host event, so an H2D the caller issued would have to block the caller until the read is
+in, and `prepare_batch` never blocks (§9.4). The step's end is an `AfterHostStep`; only
+`execute_batch`, whose compute reads the pages, waits for it. A step's result raises `L3Miss` (a
+key had no object) or `L3StoreFailed`; the transfer then fails with `TransferFailure.MISS` or
+`STORE` (`failure`). Staging is a host page the ledger deferred behind the transfer, freed only
+after the last step (S2).
 """
 
 from __future__ import annotations
@@ -26,10 +32,16 @@ import torch
 from cacheruntime.protocol import TransferFailure, TransferKind
 from cacheruntime.runtime.device.memory import KVMemory
 from cacheruntime.runtime.device.simulated import Schedule
-from cacheruntime.runtime.device.streams import Event, Result, Stream, make_stream
+from cacheruntime.runtime.device.streams import AfterHostStep, Event, Result, Stream, make_stream, on_stream
 from cacheruntime.runtime.ledger.records import Transfer
 from cacheruntime.storage import InvalidStoreArgument, StorageWorker, Store
+from cacheruntime.storage.arguments import check_keys
 from cacheruntime.storage.results import Status
+from cacheruntime.storage.worker import StoreCompletion
+
+#: Bytes a fetch reads per store request: each chunk's H2D starts once its read is in, so all
+#: but the last chunk's copy overlap the reads, and the worker's threads read chunks side by side.
+FETCH_CHUNK_BYTES = 16 << 20
 
 
 class L3Miss(RuntimeError):
@@ -54,13 +66,17 @@ class L3Moves:
         self.memory = memory
         self.schedule = schedule
         self.stream: Stream = make_stream("storage", torch.device("cpu"), schedule=schedule)
+        #: pages per store request of a fetch (FETCH_CHUNK_BYTES)
+        self.fetch_chunk_pages = max(1, FETCH_CHUNK_BYTES // memory.page_bytes)
+        #: the CUDA stream the storage step issues fetch H2Ds on (None on CPU, where it copies)
+        self.fetch_stream = torch.cuda.Stream(memory.device) if memory.cuda else None
 
     def host_views(self, phys: list[int]) -> list[Any]:
         """Host pages `phys` as flat writable byte arrays over the pool (no copy)."""
         l2 = self.memory.l2
         return [l2[p].view(torch.uint8).numpy() for p in phys]
 
-    def launch(self, record: Transfer, h2d: Stream, d2h: Stream, wait_compute: Callable[[Stream], None], cuda: bool) -> tuple[Event, Result]:
+    def launch(self, record: Transfer, d2h: Stream, wait_compute: Callable[[Stream], None]) -> tuple[Event, Result]:
         """Issue one L3 transfer's steps; the event after its last step and that step's result."""
         keys = record.keys
         storage = self.stream
@@ -78,14 +94,12 @@ class L3Moves:
             return storage.record(), result
         staging = [s for _, s, _ in record.pages]
         device = [d for _, _, d in record.pages]
-        read = storage.submit(lambda: self._get(keys, self.host_views(staging)))
-        read_event = storage.record()
-        if cuda:  # a CUDA stream cannot wait for a host event: the H2D is issued once the read is in
-            result = h2d.submit(lambda: (read_event.synchronize(), read.result(), self.memory.restore(staging, device)))
-        else:
-            h2d.wait(read_event)
-            result = h2d.submit(lambda: (read.result(), self.memory.restore(staging, device)))
-        return h2d.record(), result
+        if self.fetch_stream is None:
+            result = storage.submit(lambda: self._fetch(keys, staging, device, None))
+            return storage.record(), result
+        end = AfterHostStep()
+        end.step = storage.submit(lambda: self._fetch(keys, staging, device, end))
+        return end, end.step
 
     def _put(self, keys: tuple[str, ...], sources: list[Any]) -> None:
         """Write the objects through the worker and wait for its completion (on the storage stream)."""
@@ -98,19 +112,43 @@ class L3Moves:
         if bad:
             raise L3StoreFailed(f"the store write failed for {[r.key for r in bad]}: {bad[0].error}")
 
-    def _get(self, keys: tuple[str, ...], targets: list[Any]) -> None:
-        """Read the objects into staging through the worker; a missing one is a miss."""
+    def _fetch(self, keys: tuple[str, ...], staging: list[int], device: list[int], end: AfterHostStep | None) -> None:
+        """Read the objects into staging, a chunk per store request, and copy each chunk to its
+        device pages once its read is in and every earlier one was a hit (on CUDA: issue its H2D
+        on the fetch stream, and give `end` the event after the last). Every request is waited
+        for before the step ends, a failed one too: the worker writes staging until then (S2).
+        """
         try:
-            request = self.worker.submit_get(keys, targets)
+            check_keys(keys)
         except InvalidStoreArgument as error:
             raise L3StoreFailed(f"the store refused the keys: {error}") from error
-        done = self.worker.wait(request)
-        missing = [r.key for r in done.results if r.status is Status.MISS]
+        views, n = self.host_views(staging), self.fetch_chunk_pages
+        spans = [(lo, min(lo + n, len(keys))) for lo in range(0, len(keys), n)]
+        requests = [self.worker.submit_get(keys[lo:hi], views[lo:hi]) for lo, hi in spans]
+        read: list[StoreCompletion] = []
+        try:
+            for (lo, hi), request in zip(spans, requests):
+                read.append(self.worker.wait(request))
+                if all(r.status is Status.HIT for done in read for r in done.results):
+                    self._copy(staging[lo:hi], device[lo:hi])
+        finally:
+            if end is not None and self.fetch_stream is not None:  # the copies issued write device pages: a failed fetch's too
+                end.cuda = self.fetch_stream.record_event()
+        results = [r for done in read for r in done.results]
+        missing = [r.key for r in results if r.status is Status.MISS]
         if missing:
             raise L3Miss(f"no object under {missing} (removed since l3_exists answered)")
-        bad = [r for r in done.results if r.status is not Status.HIT]
+        bad = [r for r in results if r.status is not Status.HIT]
         if bad:
             raise L3StoreFailed(f"the store read failed for {[r.key for r in bad]}: {bad[0].error}")
+
+    def _copy(self, staging: list[int], device: list[int]) -> None:
+        """Staging -> device pages: on CPU a copy now; on CUDA an H2D issued on the fetch stream."""
+        if self.fetch_stream is None:
+            self.memory.restore(staging, device)
+            return
+        with torch.cuda.device(self.memory.device), on_stream(self.fetch_stream):
+            self.memory.restore(staging, device)
 
     def exists(self, keys: tuple[str, ...]) -> tuple[bool, ...]:
         """Per key, whether the store holds an object now (a hint; a failed query answers False)."""

@@ -149,7 +149,7 @@ class DeviceLayer:
         """
         if record.kind in L3_KINDS:
             assert self.l3 is not None, "the ledger starts L3 transfers only on a runtime with a store"
-            event, result = self.l3.launch(record, self.h2d, self.d2h, self._wait_compute, self.device.type == "cuda")
+            event, result = self.l3.launch(record, self.d2h, self._wait_compute)
             self.launched[transfer_id] = Launched(event, result)
             return
         backup = record.kind is TransferKind.BACKUP

@@ -31,6 +31,7 @@ On CPU the same row math runs without streams.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -87,6 +88,10 @@ class KVMemory:
         # more than the PCIe time. It runs on SMs, so longer runs keep the copy engines.
         self.uva_max_run = uva_max_run if self.page_bytes <= uva_max_page_bytes else 0.0
         self.last_path = ""
+        # `restore` runs on two threads: the caller's (a Restore's H2D) and the storage worker's
+        # (a fetch's, issued once its read is in). It reuses the staging buffers in turn, so one
+        # restore issues at a time; only the issue is serialized, not the copies on the GPU.
+        self._restore_lock = threading.Lock()
         if self.cuda:
             self._device_index = device.index if device.index is not None else torch.cuda.current_device()
             self._lane_offsets = torch.arange(self.lanes, dtype=torch.int64, device=device) * l1_pages
@@ -162,7 +167,11 @@ class KVMemory:
         return True
 
     def restore(self, src_l2: list[int], dst_l1: list[int]) -> None:
-        """H2D of host pages `src_l2` into device pages `dst_l1`, on the current stream."""
+        """H2D of host pages `src_l2` into device pages `dst_l1`, on the calling thread's current stream."""
+        with self._restore_lock:
+            self._restore(src_l2, dst_l1)
+
+    def _restore(self, src_l2: list[int], dst_l1: list[int]) -> None:
         index = self._row_index(dst_l1)
         if not self.cuda:
             rows = torch.cat([self._host_rows(first_page, page_count) for first_page, page_count in _runs(src_l2)])

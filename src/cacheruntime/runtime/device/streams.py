@@ -84,6 +84,33 @@ class CpuResult(CpuEvent):
         return self._value
 
 
+class AfterHostStep:
+    """The end of a host step that issues CUDA work: done once the step has run and the CUDA
+    event it recorded at its end is done.
+
+    A CUDA stream cannot wait for a host event, so GPU work that must follow host work (a fetch's
+    H2D after the store read that fills its staging) is issued by that host step itself, on a
+    CUDA stream of its own, which then records `cuda`. Until the step has run there is no CUDA
+    event to wait for: a CUDA stream told to wait for this blocks the host until the step has run,
+    which only `execute_batch` does (its compute reads the pages, and it blocks anyway), never
+    the call that started the work. A step that issued nothing leaves `cuda` None.
+    """
+
+    __slots__ = ("step", "cuda")
+
+    def __init__(self) -> None:
+        self.step: CpuResult = CpuResult()  # replaced by the host step's result when it is queued
+        self.cuda: torch.cuda.Event | None = None
+
+    def query(self) -> bool:
+        return self.step.query() and (self.cuda is None or self.cuda.query())
+
+    def synchronize(self) -> None:
+        self.step.synchronize()
+        if self.cuda is not None:
+            self.cuda.synchronize()
+
+
 class CpuStream:
     """A CUDA-like stream on CPU: one daemon worker thread running submitted work in order.
 
@@ -286,7 +313,12 @@ class CudaStream:
             raise (self._broken(error) if device_broken(error) else error) from error
         return event
 
-    def wait(self, event: torch.cuda.Event) -> None:
+    def wait(self, event: torch.cuda.Event | AfterHostStep) -> None:
+        if isinstance(event, AfterHostStep):
+            event.step.synchronize()  # the host step has issued its CUDA work (see AfterHostStep)
+            if event.cuda is None:
+                return
+            event = event.cuda
         try:
             self._stream.wait_event(event)
         except RuntimeError as error:

@@ -587,19 +587,18 @@ class RuntimeConformance(RuleBasedStateMachine):
             if ask:
                 self._l3_exists(keys)
             request = self._free_slot(i)
-            if request is None:
-                return
-            handle = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),), (Fetch(request, keys),)))
+            handle = None if request is None else self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),), (Fetch(request, keys),)))
             if handle is not None and execute:
                 self._call("execute_batch", handle)
                 self._completions("poll_completions")  # the scheduler's next step: the fetch its compute waited for is reported
             elif handle is not None and (evict or fail_read):
                 self._completions("wait_completions")  # the failure is reported before the batch runs (or is cancelled)
-        finally:
             if fail_read:  # the read stays failed until the runtime's fetch has completed (its compute waited, or a wait)
                 self._sync()
                 if any(keys[-1] in t.keys for t in self.model.state.transfers.values()):
                     self._completions("wait_completions")
+        finally:
+            if fail_read:
                 self.store.heal(keys[-1])
                 self.unreadable.discard(keys[-1])
 

@@ -7,7 +7,9 @@ kind per case (`cacheruntime.conformance.storage`). The file-store runs use the 
 Mooncake runs (a `LocalMooncake` on loopback, started and stopped here) a shorter one, as each
 case's client connects to the cluster. One run on CPU worker threads holds store writes in
 flight (`hold_store_writes`), which a simulated stream cannot (it runs the held step on the
-caller's thread). The mutants are `storage.*` (`cacheruntime.conformance.mutants.storage`):
+caller's thread). One guided case per host mode and path plays the drawn store read failure
+and checks its outcome directly (STORE, ComputeFailed, the object readable again). The mutants
+are `storage.*` (`cacheruntime.conformance.mutants.storage`):
 `tests/conformance/test_conformance_mutants.py` asserts each dies, trying this check first.
 """
 

@@ -10,11 +10,12 @@ import time
 import pytest
 
 from cacheruntime.cli import main
-from cacheruntime.conformance.variants import VARIANTS, Lanes, build
-from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Capability, Demote, Restore, Tier
+from cacheruntime.conformance.storage import SuiteStore
+from cacheruntime.conformance.variants import L3_CHECKS, VARIANTS, Lanes, build
+from cacheruntime.protocol import Backup, BatchItem, BatchPlan, Capability, Demote, Persist, Restore, Tier
 from cacheruntime.runtime.device.simulated import SimEvent
 from cacheruntime.runtime.device.streams import CpuEvent
-from cacheruntime.runtime.factories import conformance
+from cacheruntime.runtime.factories import conformance, conformance_l3
 
 #: Cases per check for the CI run of the table: keeps the whole table within a few minutes on 2 cores.
 LEGAL_EXAMPLES = 12
@@ -32,6 +33,35 @@ def runtimes():
     yield make
     for rt in made:
         rt.close()
+
+
+class PutLog(SuiteStore):
+    """A suite store that logs the keys of every put it is asked for."""
+
+    def __init__(self):
+        super().__init__()
+        self.puts = []
+
+    def put(self, keys, sources):
+        self.puts.append(tuple(keys))
+        return super().put(keys, sources)
+
+
+@pytest.fixture
+def l3_runtimes():
+    """Runtimes with L3 over a `PutLog` each: the landed one (`conformance_l3`) in a host mode, or a variant."""
+    made = []
+
+    def make(name=None, host_mode="resident"):
+        store = PutLog()
+        rt = conformance_l3(host_mode=host_mode, l3=store) if name is None else build(name, l3=store)
+        made.append((rt, store))
+        return rt, store
+
+    yield make
+    for rt, store in made:
+        rt.close()
+        store.close()
 
 
 def published(rt, pages=2, extents=1):
@@ -123,8 +153,69 @@ def test_opaque_claims_no_introspection(runtimes):
     assert Capability.INTROSPECTION in runtimes("combined").info().capabilities
 
 
+def test_l3_staging_is_taken_last_freed_first(l3_runtimes):
+    """buffer_only: a second persist stages in the host pages the first one freed last, not in the oldest free ones."""
+
+    def staging_of_two_persists(rt, store):
+        _, (ref,) = published(rt)
+        staged = []
+        for _ in range(2):
+            (ticket,) = rt.submit((Persist(ref, store.fresh_keys(2)),))
+            staged.append(sorted(staging for _, _, staging in rt.ledger.state.transfers[ticket.transfer_id].pages))
+            rt.wait_completions()
+        return staged
+
+    landed = staging_of_two_persists(*l3_runtimes(host_mode="buffer_only"))
+    lifo = staging_of_two_persists(*l3_runtimes("l3_lifo_staging"))
+    assert landed == [[0, 1], [2, 3]]  # the oldest free host pages
+    assert lifo[1] == lifo[0] != landed[0]  # the pages the first persist freed
+
+
+def test_l3_objects_are_put_one_per_call_last_first(l3_runtimes):
+    def puts_of_one_persist(rt, store):
+        _, (ref,) = published(rt)
+        rt.submit((Backup(ref),))
+        rt.wait_completions()
+        keys = store.fresh_keys(2)
+        rt.submit((Persist(ref, keys),))
+        rt.wait_completions()
+        return keys, store.puts
+
+    keys, puts = puts_of_one_persist(*l3_runtimes())
+    assert puts == [keys]
+    keys, puts = puts_of_one_persist(*l3_runtimes("l3_store_lanes"))
+    assert puts == [(keys[1],), (keys[0],)]
+
+
+def test_l3_persists_complete_out_of_issue_order_on_storage_lanes(l3_runtimes):
+    rt, store = l3_runtimes("l3_store_lanes")
+    _, refs = published(rt, pages=1, extents=2)
+    rt.submit(tuple(Backup(ref) for ref in refs))
+    rt.wait_completions()
+    lanes = rt.device_layer.l3.stream
+    assert isinstance(lanes, Lanes) and lanes.current == 0
+    blocker = CpuEvent() if rt.device_layer.schedule is None else SimEvent(rt.device_layer.schedule)
+    lanes.streams[0].wait(blocker)  # the first lane stalls (a slow store write, say)
+    a, b = rt.submit(tuple(Persist(ref, store.fresh_keys(1)) for ref in refs))
+    until(lambda: rt.device_layer.done([b.transfer_id])[0])
+    assert not rt.device_layer.done([a.transfer_id])[0], "the second persist lands while the first is still writing"
+    assert rt.poll_completions() == ()  # reported only at wait
+    blocker.set()
+    assert [c.ticket for c in rt.wait_completions()] == [a, b]
+
+
+def test_l3_combined_takes_its_lanes():
+    rt = build("l3_combined")
+    try:
+        layer = rt.device_layer
+        assert isinstance(layer.l3.stream, Lanes) and isinstance(layer.h2d, Lanes) and Capability.L2 not in rt.info().capabilities
+    finally:
+        rt.close()
+
+
 def test_every_legal_variant_passes_the_checks_it_claims(capsys):
     assert len(VARIANTS) >= 8
+    assert sum(variant.checks == L3_CHECKS for variant in VARIANTS.values()) >= 2  # the storage check has legal variants of its own
     assert main(["conformance", "--legal", "--max-examples", str(LEGAL_EXAMPLES)]) == 0
     out = capsys.readouterr().out
     assert f"{len(VARIANTS)}/{len(VARIANTS)} legal variants passed" in out

@@ -7,7 +7,9 @@ kind per case (`cacheruntime.conformance.storage`). The file-store runs use the 
 Mooncake runs (a `LocalMooncake` on loopback, started and stopped here) a shorter one, as each
 case's client connects to the cluster. One run on CPU worker threads holds store writes in
 flight (`hold_store_writes`), which a simulated stream cannot (it runs the held step on the
-caller's thread). The mutants are `storage.*` (`cacheruntime.conformance.mutants.storage`):
+caller's thread). One guided case per host mode and path plays the drawn store read failure
+and checks its outcome directly (STORE, ComputeFailed, the object readable again). The mutants
+are `storage.*` (`cacheruntime.conformance.mutants.storage`):
 `tests/conformance/test_conformance_mutants.py` asserts each dies, trying this check first.
 """
 
@@ -21,7 +23,10 @@ from cacheruntime.conformance import coverage
 from cacheruntime.conformance.mutants import MUTANTS
 from cacheruntime.conformance.profiles import profile
 from cacheruntime.conformance.runner import describe, run_check
+from cacheruntime.conformance.statemachine import machine_for
 from cacheruntime.conformance.target import Target
+from cacheruntime.protocol import ComputeFailed, TransferFailure, TransferKind
+from cacheruntime.storage import Status
 
 FACTORY = "cacheruntime.runtime.factories:conformance_l3"
 MODES = ["resident", "buffer_only"]
@@ -70,6 +75,32 @@ def test_held_store_writes_on_thread_streams():
     assert tally.cases["buffer_only persist through staging"] and tally.cases[coverage.HELD_WRITE] >= 2, dict(tally.cases)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("execute", [True, False])
+def test_a_failed_store_read_fails_the_fetch_and_its_batch(mode, execute):
+    """The drawn read failure (`fetch`, gone="read_failed"): the fetch completes with STORE, the batch that reads
+    it fails with ComputeFailed, on the runtime as on the model (which the machine holds it to), and the store
+    reads the object again afterwards."""
+    machine = machine_for(Target(FACTORY, (("host_mode", mode),)), check="storage")
+    with coverage.recording() as reach:
+        state = machine()
+        state.start(0)
+        try:
+            state.persist(i=0, where="submit", fail=False)
+            state.fetch(i=0, count=2, gone="read_failed", execute=execute)
+            calls = list(state.runtime.calls)
+            unreadable, store = state.unreadable, state.store
+            objects = store.get(state.persisted[0], [bytearray(state.info.page_bytes) for _ in state.persisted[0]])
+        finally:
+            state.teardown()
+    failed = [c for c in calls if c.operation == "execute_batch" and c.raised]
+    reported = [c.failure for call in calls if call.operation.endswith("_completions") for c in call.value if c.ticket.kind is TransferKind.FETCH]
+    assert reported == [TransferFailure.STORE]
+    assert [type(c.error) for c in failed] == ([ComputeFailed] if execute else [])
+    assert not unreadable and all(o.status is Status.HIT for o in objects)
+    assert reach["storage"].cases["store failure on fetch"] == 1
+
+
 def test_the_storage_check_skips_a_runtime_without_l3():
     outcome = run_check(Target("cacheruntime.runtime.factories:conformance"), "storage", profile("ci", max_examples=1))
     assert outcome.status == "skipped" and "L3" in outcome.message
@@ -81,5 +112,6 @@ def test_every_storage_mutant_names_an_l3_invariant():
         "storage.staging_reused_before_store_write",
         "storage.store_failure_drops_device_copy",
         "storage.fetch_miss_reported_as_hit",
+        "storage.fetch_read_failure_reported_as_hit",
     }
     assert all(m.invariant in {"S1", "S2", "S3", "F1"} for m in storage.values())

@@ -231,6 +231,7 @@ SITUATIONS = SITUATIONS + (
     Situation("fetch lands", "a fetch's completion reported without failure: the row's pages hold the objects", _checks("storage"), 3),
     Situation("fetch miss", "a fetch's completion reported MISS: an object was removed after its persist", _checks("storage"), 2),
     Situation("store failure on persist", "a persist's completion reported STORE: its store write failed, nothing lost", _checks("storage"), 2),
+    Situation("store failure on fetch", "a fetch's completion reported STORE: its store read failed, its batch fails, nothing lost", _checks("storage"), 2),
     Situation("persist in a plan", "a batch's plan carries a Persist and executes", _checks("storage"), 2),
     Situation(
         "L3 transfer in flight while another batch runs",
@@ -569,5 +570,13 @@ def completions_reached(reported: tuple[TransferCompletion, ...]) -> list[str]:
         if kind is TransferKind.PERSIST:
             found.append("persist lands" if failure is None else "store failure on persist" if failure is TransferFailure.STORE else "")
         elif kind is TransferKind.FETCH:
-            found.append("fetch lands" if failure is None else "fetch miss" if failure is TransferFailure.MISS else "")
+            found.append(
+                "fetch lands"
+                if failure is None
+                else "fetch miss"
+                if failure is TransferFailure.MISS
+                else "store failure on fetch"
+                if failure is TransferFailure.STORE
+                else ""
+            )
     return [name for name in dict.fromkeys(found) if name]

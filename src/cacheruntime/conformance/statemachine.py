@@ -203,7 +203,7 @@ CHECKS: dict[str, Check] = {
             True,
             True,
             0.0,
-            "L3: persist and fetch through staging, l3_exists, objects removed and store writes failed or held (S1-S3)",
+            "L3: persist and fetch through staging, l3_exists, objects removed, store reads failed, store writes failed or held (S1-S3)",
             MISUSE_RULES | PRESSURE_RULES,
         ),
     )
@@ -264,9 +264,11 @@ class RuntimeConformance(RuleBasedStateMachine):
         #: does, the model loses its machinery too (RuntimeLost is the environment's step).
         self.lost_armed = False
         #: the storage check's store (`cacheruntime.conformance.storage`), given to the runtime and
-        #: played as the environment; the keys whose store write it fails; the key tuples persisted
+        #: played as the environment; the keys whose store write it fails, those whose reads it fails
+        #: now (`SuiteStore.fail_gets`); the key tuples persisted
         self.store: SuiteStore | None = None
         self.failing_keys: set[str] = set()
+        self.unreadable: set[str] = set()
         self.persisted: list[tuple[str, ...]] = []
         self.holding = False  # store writes are held (`_hold_store_writes`): nothing may wait for them
 
@@ -549,12 +551,13 @@ class RuntimeConformance(RuleBasedStateMachine):
         if started and not fail:
             self.persisted.append(keys)
 
-    def _fetch(self, i: int, count: int, evict: bool, ask: bool, execute: bool) -> None:
+    def _fetch(self, i: int, count: int, evict: bool, ask: bool, execute: bool, fail_read: bool = False) -> None:
         """A new request reads the first `count` objects of the i-th persisted extent that the store
         holds into its row (a prefix hit in L3, once their persist is reported) and computes after
         them; with `evict`, the last of them is removed behind the runtime's back first (the fetch
-        misses: its batch fails, nothing lost); with `ask`, control asks `l3_exists` first, a key
-        never written among them."""
+        misses: its batch fails, nothing lost); with `fail_read`, the store fails every read of the
+        last of them until the fetch has completed (STORE: its batch fails, nothing lost); with
+        `ask`, control asks `l3_exists` first, a key never written among them."""
         if not self.persisted:
             return
         keys = self.persisted[i % len(self.persisted)]
@@ -569,23 +572,35 @@ class RuntimeConformance(RuleBasedStateMachine):
         keys = tuple(itertools.takewhile(lambda key: key in self.model.state.objects, keys))
         if not keys:  # a failed write or an earlier removal: control's lookup finds no prefix to fetch
             return
-        if evict and any(keys[-1] in t.keys for t in self.model.state.transfers.values()):
+        # Only the fetch drawn here may meet the removal or the failed read: a fetch in flight that reads
+        # the object first completes (its read may or may not have reached the store yet).
+        if (evict or fail_read) and any(keys[-1] in t.keys for t in self.model.state.transfers.values()):
             if self.holding:
                 return
             self._completions("wait_completions")
         if evict and keys[-1] in self.model.state.objects and self.store.evicted(keys[-1]):
             self.model.remove_object(keys[-1])
-        if ask:
-            self._l3_exists(keys)
-        request = self._free_slot(i)
-        if request is None:
-            return
-        handle = self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),), (Fetch(request, keys),)))
-        if handle is not None and execute:
-            self._call("execute_batch", handle)
-            self._completions("poll_completions")  # the scheduler's next step: the fetch its compute waited for is reported
-        elif handle is not None and evict:
-            self._completions("wait_completions")  # the miss is reported before the batch runs (or is cancelled)
+        if fail_read:
+            self.store.fail_gets(keys[-1])
+            self.unreadable.add(keys[-1])
+        try:
+            if ask:
+                self._l3_exists(keys)
+            request = self._free_slot(i)
+            handle = None if request is None else self._call("prepare_batch", BatchPlan((BatchItem(request, (1,)),), (Fetch(request, keys),)))
+            if handle is not None and execute:
+                self._call("execute_batch", handle)
+                self._completions("poll_completions")  # the scheduler's next step: the fetch its compute waited for is reported
+            elif handle is not None and (evict or fail_read):
+                self._completions("wait_completions")  # the failure is reported before the batch runs (or is cancelled)
+            if fail_read:  # the read stays failed until the runtime's fetch has completed (its compute waited, or a wait)
+                self._sync()
+                if any(keys[-1] in t.keys for t in self.model.state.transfers.values()):
+                    self._completions("wait_completions")
+        finally:
+            if fail_read:
+                self.store.heal(keys[-1])
+                self.unreadable.discard(keys[-1])
 
     def _l3_exists(self, keys: tuple[str, ...]) -> None:
         """l3_exists of `keys` and a key never written, leaving out the keys of persists in flight: the
@@ -641,13 +656,15 @@ class RuntimeConformance(RuleBasedStateMachine):
         slot = live[i % len(live)]
         return RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot, self.model.state.slots[slot].generation)
 
-    def _doom_failing_persists(self) -> None:
-        """The model's persists whose store write the suite made fail (`SuiteStore.fail_put`) fail
-        where they would complete (STORE), as the runtime's do: doomed as soon as they start."""
-        if not self.failing_keys:
+    def _doom_failing_store_calls(self) -> None:
+        """The model's persists whose store write the suite made fail (`SuiteStore.fail_put`), and its
+        fetches of an object whose reads it fails now (`SuiteStore.fail_gets`), fail where they would
+        complete (STORE), as the runtime's do: doomed as soon as they start."""
+        if not self.failing_keys and not self.unreadable:
             return
         st = self.model.state
-        doomed = {t for t, record in st.transfers.items() if record.kind is TransferKind.PERSIST and self.failing_keys & set(record.keys)}
+        failing = {TransferKind.PERSIST: self.failing_keys, TransferKind.FETCH: self.unreadable}
+        doomed = {t for t, record in st.transfers.items() if failing.get(record.kind, set()) & set(record.keys)}
         st.doomed = st.doomed | doomed
 
     def _judge(self, operation: str, before: AbstractState | None, value: object = None) -> None:
@@ -677,7 +694,10 @@ class RuntimeConformance(RuleBasedStateMachine):
 
     def _match_model(self, operation: str, state: AbstractState) -> None:
         tagged = self._claims(Capability.TAGGED_COMPUTE)
-        diff = projection.compare(self.renaming, state, self.model.probe(), tagged)
+        expected = self.model.probe()
+        if self.unreadable:  # the store fails their reads now, the runtime's probe's too: their bytes cannot be shown
+            state, expected = (attrs.evolve(s, objects=tuple(o for o in s.objects if o.key not in self.unreadable)) for s in (state, expected))
+        diff = projection.compare(self.renaming, state, expected, tagged)
         if diff:
             self._fail(
                 tuple(dict.fromkeys(d.id for d in diff)),
@@ -694,7 +714,7 @@ class RuntimeConformance(RuleBasedStateMachine):
         saved = self.model.state.clone() if self.set_aside and self._aside(operation, "where the model returns") else None
         model_args, model_before = self.renaming.model_args(args), self.model.state
         expected, model_error = _outcome(lambda: getattr(self.model, operation)(*model_args))
-        self._doom_failing_persists()
+        self._doom_failing_store_calls()
         self._reached(operation, model_args, model_before, model_error)
         model_outcome = f"the model raises {type(model_error).__name__}" if model_error is not None else "the model returns"
         if model_error is not None and self.set_aside and self._aside(operation, f"where {model_outcome}"):
@@ -1805,11 +1825,12 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
 
         Machine.persist = persist
 
-        @rule(i=st.integers(0, 7), count=st.integers(1, 3), gone=st.sampled_from(["kept", "evicted", "kept_then_asked"]), execute=st.booleans())
+        @rule(i=st.integers(0, 7), count=st.integers(1, 3), gone=st.sampled_from(["kept", "evicted", "kept_then_asked", "read_failed"]), execute=st.booleans())
         def fetch(self, i, count, gone, execute):
             """A prefix hit in L3 is fetched into a new request's row (`_fetch`): its last object kept, or
-            removed behind the runtime's back first (MISS), or kept and asked about with `l3_exists` first."""
-            self._fetch(i, count, evict=gone == "evicted", ask=gone == "kept_then_asked", execute=execute)
+            removed behind the runtime's back first (MISS), or kept and asked about with `l3_exists` first,
+            or kept but its store read failing (STORE)."""
+            self._fetch(i, count, evict=gone == "evicted", ask=gone == "kept_then_asked", execute=execute, fail_read=gone == "read_failed")
 
         Machine.fetch = fetch
 

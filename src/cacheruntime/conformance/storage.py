@@ -10,6 +10,11 @@ environment's steps of the contract (spec/protocol.md §9) and mirror each on th
   within its lease stays: the environment's step did not happen);
 - a store write that fails (`fail_put`: the put of a key answers FAILED without reaching the
   backend; the model's transfer is doomed and fails with `TransferFailure.STORE`);
+- a store read that fails (`fail_gets`: every get of a key answers FAILED without reaching the
+  backend, until `heal`; the model's fetch of it is doomed and fails with `STORE`, and the batch
+  reading it with `ComputeFailed`). It lasts until healed, not for one get, because a runtime's
+  `probe()` reads its objects through the same store: which get came first, the probe's or the
+  fetch's, is timing, and a one-shot failure would go to whichever it was;
 - a store write held in flight (`FaultyStore.hold` of PUT, only on thread streams: a simulated
   stream runs the step on the caller's thread, which the gate would block), so other steps
   run while a persist's staging is still in use (S2).
@@ -61,6 +66,7 @@ class SuiteStore(FaultyStore):
         self.prefix = f"s{os.getpid()}-{next(_STORES)}"
         self._keys = itertools.count()
         self._doomed: set[str] = set()
+        self._unreadable: set[str] = set()
 
     def fresh_keys(self, count: int) -> tuple[str, ...]:
         """Keys no persist of this store (nor of any other suite store) used before."""
@@ -70,12 +76,28 @@ class SuiteStore(FaultyStore):
         """The next put of `key` answers FAILED (`InjectedFault`) and writes nothing."""
         self._doomed.add(key)
 
+    def fail_gets(self, key: str) -> None:
+        """Every get of `key` answers FAILED (`InjectedFault`) and reads nothing, until `heal(key)`; the object stays."""
+        self._unreadable.add(key)
+
+    def heal(self, key: str) -> None:
+        """Gets of `key` reach the backend again."""
+        self._unreadable.discard(key)
+
     def put(self, keys: Sequence[str], sources: Sequence[Any]) -> tuple[KeyResult, ...]:
         doomed = {i for i, key in enumerate(keys) if key in self._doomed}
         self._doomed -= {keys[i] for i in doomed}
+        return self._answer(keys, sources, doomed, super().put, "put")
+
+    def get(self, keys: Sequence[str], targets: Sequence[Any]) -> tuple[KeyResult, ...]:
+        return self._answer(keys, targets, {i for i, key in enumerate(keys) if key in self._unreadable}, super().get, "get")
+
+    @staticmethod
+    def _answer(keys: Sequence[str], buffers: Sequence[Any], doomed: set[int], call: Any, what: str) -> tuple[KeyResult, ...]:
+        """`call` on the keys not `doomed` (positions), FAILED for the doomed ones, in the keys' order."""
         through = [i for i in range(len(keys)) if i not in doomed]
-        passed = dict(zip(through, super().put([keys[i] for i in through], [sources[i] for i in through]) if through else ()))
-        return tuple(passed[i] if i in passed else failed(keys[i], InjectedFault(f"the put of {keys[i]!r} failed on purpose")) for i in range(len(keys)))
+        passed = dict(zip(through, call([keys[i] for i in through], [buffers[i] for i in through]) if through else ()))
+        return tuple(passed[i] if i in passed else failed(keys[i], InjectedFault(f"the {what} of {keys[i]!r} failed on purpose")) for i in range(len(keys)))
 
     def evicted(self, key: str) -> bool:
         """Remove the object under `key` behind the runtime's back; whether the store removed it."""

@@ -8,23 +8,32 @@ finished transfer is completed) and every check it claims must pass:
 `cacheruntime conformance --legal` prints the table, and
 `tests/conformance/test_legal_variants.py` runs it in the CI profile.
 
+The `l3_*` variants have an L3 store (§9) and claim the storage check only (`L3_CHECKS`):
+their freedoms are the L3 tier's (which host page stages a persist or fetch, when its
+completion is reported, in what order persists and fetches complete, how a persist's
+objects reach the store), and the others' freedoms are the variants above. Without them
+the storage check had no runtime it must pass but the landed one.
+
 Every variant is the conformance configuration
 (`cacheruntime.runtime.factories.CONFORMANCE_OPTIONS`) on the CPU, built only on the
 runtime's public seams: its constructor options (`numbering`, `free_order`, `reporting`,
-`d2h_bytes_per_batch`, `d2h_issue`), its public parts (the ledger's `allocator`, the
-device layer's `h2d` and `d2h` streams, replaced by `Lanes`), and public operations and
-properties of a subclass (`capabilities`, the freeing calls). None overrides a private
-method.
+`d2h_bytes_per_batch`, `d2h_issue`, `host_mode`, `l3`), its public parts (the ledger's
+`allocator`, the device layer's `h2d` and `d2h` streams and the storage side's `stream`,
+replaced by `Lanes`), the store the storage check gives it (seen through
+`OnePutPerObject`), and public operations and properties of a subclass (`capabilities`,
+the freeing calls). None overrides a private method.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
+import torch
 
+from cacheruntime.conformance.storage import SuiteStore
 from cacheruntime.conformance.target import Target
 from cacheruntime.protocol import CacheExtentRef, Capability, PreparedBatchHandle, RequestRuntimeHandle, RuntimeInfo
 from cacheruntime.runtime.device.deadstreams import StreamDead
@@ -32,6 +41,7 @@ from cacheruntime.runtime.device.streams import Event, Stream, make_stream
 from cacheruntime.runtime.factories import CONFORMANCE_OPTIONS, suite_streams
 from cacheruntime.runtime.ledger import Numbering
 from cacheruntime.runtime.local import LocalGPURuntime
+from cacheruntime.storage import KeyResult, Store
 
 #: Another numbering of page names and ids: other first values, and gaps between values.
 RENUMBERED = Numbering(first_page=100, first_extent=7, first_batch=40, first_transfer=9, stride=3)
@@ -100,6 +110,7 @@ class _Variant(LocalGPURuntime):
     options: ClassVar[dict[str, Any]] = {}
     h2d_lanes = 1
     d2h_lanes = 1
+    storage_lanes = 1
     lag = 0.0
 
     def __init__(self, device: str = "cpu", **options: Any):
@@ -107,22 +118,34 @@ class _Variant(LocalGPURuntime):
         self._stop_lanes = weakref.finalize(self, _close, [])
         self._add_lanes()
 
+    def _streams(self) -> list[tuple[Any, str, str, torch.device, int]]:
+        """Each transfer stream as (its owner, its attribute, its name, its device, the lanes it becomes): the
+        device layer's H2D and D2H streams, and with L3 the storage worker's host queue (`L3Moves.stream`)."""
+        layer = self.device_layer
+        streams: list[tuple[Any, str, str, torch.device, int]] = [
+            (layer, "h2d", "h2d", layer.device, self.h2d_lanes),
+            (layer, "d2h", "d2h", layer.device, self.d2h_lanes),
+        ]
+        if layer.l3 is not None:
+            streams.append((layer.l3, "stream", "storage", torch.device("cpu"), self.storage_lanes))
+        return streams
+
     def _add_lanes(self) -> None:
         """Make the transfer streams lanes; the device layer stops the streams it made, the extra lanes stop with the runtime."""
         layer, extra = self.device_layer, []
-        for name, count in (("h2d", self.h2d_lanes), ("d2h", self.d2h_lanes)):
+        for owner, attribute, name, device, count in self._streams():
             if count > 1:
-                lanes = [getattr(layer, name)] + [make_stream(f"{name}-{i}", layer.device, schedule=layer.schedule) for i in range(1, count)]
+                lanes = [getattr(owner, attribute)] + [make_stream(f"{name}-{i}", device, schedule=layer.schedule) for i in range(1, count)]
                 extra += lanes[1:]
-                setattr(layer, name, Lanes(lanes, self.lag))
+                setattr(owner, attribute, Lanes(lanes, self.lag))
         self._stop_lanes()
         self._stop_lanes = weakref.finalize(self, _close, extra)
 
     def restart(self) -> RuntimeInfo:
         """After RuntimeLost the device layer makes new streams (`replace_streams`): they become lanes again."""
-        streams = (self.device_layer.h2d, self.device_layer.d2h)
+        streams = [getattr(owner, attribute) for owner, attribute, *_ in self._streams()]
         info = super().restart()
-        if (self.device_layer.h2d, self.device_layer.d2h) != streams:
+        if [getattr(owner, attribute) for owner, attribute, *_ in self._streams()] != streams:
             self._add_lanes()
         return info
 
@@ -186,12 +209,12 @@ class EagerFree(_Variant):
         ledger = self.ledger
         if ledger.state.transfers:
             try:
-                landed, failed, _ = self.device_layer.done(list(ledger.state.transfers))
+                landed, failed, failures = self.device_layer.done(list(ledger.state.transfers))
             except StreamDead as dead:
                 fault = self.machinery_fault(dead)
                 assert fault is not None
                 raise fault from dead
-            ledger.complete_in_order(landed, failed)
+            ledger.complete_in_order(landed, failed, failures)  # an L3 transfer fails with its own outcome (MISS, STORE)
 
     def close_request(self, request: RequestRuntimeHandle) -> None:
         self.complete_finished("close_request")
@@ -225,6 +248,73 @@ class Combined(EagerFree):
     lag = 0.004
 
 
+class OnePutPerObject:
+    """The store the runtime was given, but a put of several objects goes to it one object per put, the
+    last key first: the contract fixes what a persist's completion and failure mean (§9.3), not in what
+    order or in how many calls its objects reach the store. Every other call passes through as it is."""
+
+    def __init__(self, inner: Store):
+        self.inner = inner
+        self.name = f"one-put-per-object({inner.name})"
+
+    def put(self, keys: Sequence[str], sources: Sequence[Any]) -> tuple[KeyResult, ...]:
+        answers = {i: self.inner.put((keys[i],), (sources[i],))[0] for i in reversed(range(len(keys)))}
+        return tuple(answers[i] for i in range(len(keys)))
+
+    def get(self, keys: Sequence[str], targets: Sequence[Any]) -> tuple[KeyResult, ...]:
+        return self.inner.get(keys, targets)
+
+    def exists(self, keys: Sequence[str]) -> tuple[KeyResult, ...]:
+        return self.inner.exists(keys)
+
+    def remove(self, keys: Sequence[str]) -> tuple[KeyResult, ...]:
+        return self.inner.remove(keys)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _L3Variant(_Variant):
+    """A variant with an L3 store (its host mode among its `options`): the store the storage check gives it
+    (`l3=`, seen through `one_put_per_object` where the variant says so), else a suite store of its own."""
+
+    one_put_per_object = False
+
+    def __init__(self, device: str = "cpu", store: str = "file", l3: Store | None = None, **options: Any):
+        own = SuiteStore(store) if l3 is None else None
+        given: Store = own if own is not None else l3  # type: ignore[assignment]
+        super().__init__(device=device, l3=OnePutPerObject(given) if self.one_put_per_object else given, **options)
+        if own is not None:  # a runtime leaves its store open (the store is the caller's): this one is ours
+            weakref.finalize(self, own.close)
+
+
+class L3LifoStaging(_L3Variant):
+    """buffer_only L3: staging host pages taken last-freed-first, completions reported one poll late (§2.1 placement, §5.2)."""
+
+    options: ClassVar[dict[str, Any]] = {"host_mode": "buffer_only", "free_order": "lifo", "reporting": "next_poll"}
+
+
+class L3StoreLanes(_L3Variant):
+    """resident L3: two storage lanes, the first held 4 ms per step (persists and fetches complete out of
+    order), a persist's objects put one per call, last first; completions reported only at wait (§5, §9.3)."""
+
+    options: ClassVar[dict[str, Any]] = {"host_mode": "resident", "reporting": "at_wait"}
+    storage_lanes = 2
+    lag = 0.004
+    one_put_per_object = True
+
+
+class L3Combined(_L3Variant, EagerFree):
+    """buffer_only L3 with every freedom: renumbered, random staging, two storage and two H2D lanes, objects
+    put one per call, reports one poll late, eager frees."""
+
+    options: ClassVar[dict[str, Any]] = {"host_mode": "buffer_only", "numbering": RENUMBERED, "reporting": "next_poll", "free_order": "random", "seed": 5}
+    h2d_lanes = 2
+    storage_lanes = 2
+    lag = 0.004
+    one_put_per_object = True
+
+
 _CLASSES: dict[str, type[_Variant]] = {
     "lifo": Lifo,
     "random_free": RandomFree,
@@ -236,6 +326,9 @@ _CLASSES: dict[str, type[_Variant]] = {
     "eager_free": EagerFree,
     "opaque": Opaque,
     "combined": Combined,
+    "l3_lifo_staging": L3LifoStaging,
+    "l3_store_lanes": L3StoreLanes,
+    "l3_combined": L3Combined,
 }
 
 
@@ -253,7 +346,12 @@ class Variant:
         return Target("cacheruntime.conformance.variants:build", (("name", self.name),))
 
 
-VARIANTS: dict[str, Variant] = {name: Variant(name, " ".join((cls.__doc__ or "").split())) for name, cls in _CLASSES.items()}
+#: The checks a variant with L3 claims: its freedoms are the L3 tier's; the others are the variants above.
+L3_CHECKS = ("storage",)
+
+VARIANTS: dict[str, Variant] = {
+    name: Variant(name, " ".join((cls.__doc__ or "").split()), *((L3_CHECKS,) if issubclass(cls, _L3Variant) else ())) for name, cls in _CLASSES.items()
+}
 
 
 def build(name: str, **options: Any) -> LocalGPURuntime:

@@ -19,7 +19,8 @@ even where the runtime does not expose a guard (a corrupted restore, a non-atomi
 a split that keeps its parent). `faults.*` mishandle one fault each (a failed copy taken for
 landed, write-back that drops too early, a failed batch committed, a dead worker unnoticed):
 the `faults` check kills them. `storage.*` get one step of the L3 tier wrong (staging freed
-before the store write, a failed write that drops the device copy, a miss taken for a hit):
+before the store write, a failed write that drops the device copy, a miss or a failed read
+taken for a hit):
 the `storage` check, which gives a runtime its store, kills them.
 """
 

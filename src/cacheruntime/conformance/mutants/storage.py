@@ -65,6 +65,14 @@ class _MissTakenForHitLedger(Ledger):
         super().fail_l3(transfer_id, failure)
 
 
+class _ReadFailureTakenForHitLedger(Ledger):
+    def fail_l3(self, transfer_id: int, failure: TransferFailure) -> None:
+        if failure is TransferFailure.STORE and self.state.transfers[transfer_id].kind is TransferKind.FETCH:
+            self.complete_l3(transfer_id)
+            return
+        super().fail_l3(transfer_id, failure)
+
+
 class _PersistRotatesSourcesLedger(Ledger):
     def start_persist(self, intent: Persist, pages: tuple[int, ...]) -> TransferTicket:
         ticket = super().start_persist(intent, pages)
@@ -110,6 +118,13 @@ class FetchMissReportedAsHit(_Mutant):
     parts: ClassVar[dict[str, Any]] = {"ledger_class": _MissTakenForHitLedger}
 
 
+class FetchReadFailureReportedAsHit(_Mutant):
+    """A fetch whose store read failed lands as a hit: its pages take whatever staging held, and its batch computes."""
+
+    invariant = "S3"
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _ReadFailureTakenForHitLedger}
+
+
 class PersistWritesAnotherPage(_Mutant):
     """A persist writes each object from the next page's copy: every key holds another page's bytes."""
 
@@ -130,6 +145,7 @@ MUTANTS = {
     "staging_reused_before_store_write": StagingReusedBeforeStoreWrite,
     "store_failure_drops_device_copy": StoreFailureDropsDeviceCopy,
     "fetch_miss_reported_as_hit": FetchMissReportedAsHit,
+    "fetch_read_failure_reported_as_hit": FetchReadFailureReportedAsHit,
     "persist_writes_another_page": PersistWritesAnotherPage,
     "buffer_only_keeps_host_copy": BufferOnlyKeepsHostCopy,
 }

@@ -186,6 +186,31 @@ def test_staging_is_freed_only_after_the_store_write(mode, tmp_path):
     t.runtime.close()
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_device_pages_released_under_an_l3_transfer_are_freed_when_it_lands(mode, tmp_path):
+    """A device page whose name ends while an L3 transfer uses it (an extent released under its
+    buffer_only persist's D2H; a fetch whose batch is cancelled) is deferred behind the transfer
+    and freed when it lands, as when it fails (O3): found by the legal L3 variants."""
+    t = new_l3twin(tmp_path, mode, "threads")
+    t.store.hold(Op.PUT)
+    r, extent, _ = persisted(t)
+    t.close_request(r)
+    t.release(extent)
+    t.store.release(Op.PUT)
+    t.settle()
+    # The fetch on the runtime alone: probe() reads the store's objects, which a held get blocks.
+    rt = t.runtime
+    t.store.hold(Op.GET)
+    r2 = rt.open_request()
+    rt.cancel_batch(rt.prepare_batch(plan(item(r2, 1, start=9), intents=(Fetch(r2, KEYS),))))
+    rt.close_request(r2)
+    t.store.release(Op.GET)
+    rt.wait_completions()
+    device = next(p for p in rt.probe().pools if p.tier is Tier.L1)
+    assert not device.deferred and len(device.free) == device.total
+    rt.close()
+
+
 def test_restart_keeps_the_store(l3twin):
     t = l3twin
     persisted(t)

@@ -148,7 +148,9 @@ class L3Tier(_Base):
                 page.versions = array("q", tags)
         if saved is not None:
             txn.undo(lambda: _restore_tags(st, saved))
-        self._run_deferred(st.pools[Tier.L2], transfer_id)
+        for tier in (Tier.L1, Tier.L2):  # a device page released (or its batch cancelled) while the transfer used it, too
+            if st.pools[tier].deferred:
+                self._run_deferred(st.pools[tier], transfer_id)
         st.unreported.append(TransferCompletion(record.ticket))
         txn.undo(st.unreported.pop)
 

@@ -8,7 +8,9 @@ Mooncake runs (a `LocalMooncake` on loopback, started and stopped here) a shorte
 case's client connects to the cluster. One run on CPU worker threads holds store writes in
 flight (`hold_store_writes`), which a simulated stream cannot (it runs the held step on the
 caller's thread). One guided case per host mode and path plays the drawn store read failure
-and checks its outcome directly (STORE, ComputeFailed, the object readable again). The mutants
+and checks its outcome directly (STORE, ComputeFailed, the object readable again). Each file-store run
+also reaches, at its floor, device pages whose names end under an L3 transfer in flight that then
+lands (`coverage.ENDED_UNDER_L3`, drawn by `end_under_l3`). The mutants
 are `storage.*` (`cacheruntime.conformance.mutants.storage`):
 `tests/conformance/test_conformance_mutants.py` asserts each dies, trying this check first.
 """
@@ -49,8 +51,8 @@ def _run(target: Target, max_examples: int | None = None):
 def test_storage_check_passes_over_the_file_store_and_reaches_its_situations(mode):
     tally = _run(Target(FACTORY, (("host_mode", mode),)))
     assert not tally.shortfalls("storage"), tally.shortfalls("storage")
-    situation, floor = coverage.MODE_SITUATIONS[mode]
-    assert tally.cases[situation] >= floor, f"{situation}: {tally.cases[situation]} case(s), floor {floor}"
+    for situation, floor in (coverage.MODE_SITUATIONS[mode], *coverage.ENDED_UNDER_L3[mode]):
+        assert tally.cases[situation] >= floor, f"{situation}: {tally.cases[situation]} case(s), floor {floor}"
 
 
 @pytest.fixture(scope="module")
@@ -113,5 +115,7 @@ def test_every_storage_mutant_names_an_l3_invariant():
         "storage.store_failure_drops_device_copy",
         "storage.fetch_miss_reported_as_hit",
         "storage.fetch_read_failure_reported_as_hit",
+        "storage.device_frees_skipped_on_landing",
+        "storage.device_frees_skipped_on_fetch_landing",
     }
-    assert all(m.invariant in {"S1", "S2", "S3", "F1"} for m in storage.values())
+    assert all(m.invariant in {"S1", "S2", "S3", "F1", "R1"} for m in storage.values())

@@ -251,6 +251,20 @@ MODE_SITUATIONS: dict[str, tuple[str, int]] = {
     "resident": ("resident persist from host copies", 3),
 }
 
+#: Device pages whose names end under an L3 transfer in flight (`end_under_l3`), their frees deferred
+#: until it lands (the runtime once left them deferred forever: `storage.device_frees_skipped_on_landing`).
+#: A buffer_only persist reads the device copies (a resident one the host copies), so the first is
+#: buffer_only's; a fetch writes the device pages in both modes. Not in `SITUATIONS`: whether the
+#: transfer is still in flight when the names end is the schedule's draw, and a runtime's own.
+#: (floor: cases, in the CI profile of tests/conformance/test_storage_check.py)
+ENDED_UNDER_L3: dict[str, tuple[tuple[str, int], ...]] = {
+    "buffer_only": (
+        ("page name ends while a buffer_only persist reads its device copy", 5),
+        ("page name ends while a landing fetch writes its device copy", 5),
+    ),
+    "resident": (("page name ends while a landing fetch writes its device copy", 5),),
+}
+
 #: A persist's store write held in flight (thread streams only) while other steps ran and took
 #: staging: reached by `_hold_store_writes`, held to its floor by tests/conformance/test_storage_check.py.
 HELD_WRITE = "persist held in flight while other steps take staging"
@@ -502,6 +516,14 @@ def situations(operation: str, args: tuple, before: State, error: CacheRuntimeEr
         read = {name for slot in (batch.slot_set if batch else ()) for name in before.slots[slot].pages}
         if any(t.kind in (TransferKind.PERSIST, TransferKind.FETCH) and not read & {name for name, _, _ in t.pages} for t in before.transfers.values()):
             add("L3 transfer in flight while another batch runs")
+    # page names the call ended under an L3 transfer that uses their device pages (their frees wait for it);
+    # a fetch only if it is not doomed to fail (a failed fetch frees them on another path)
+    gone = {name for name in before.pages if name not in after.pages}
+    for transfer_id, transfer in after.transfers.items() if gone else ():
+        if transfer.kind is TransferKind.PERSIST and any(name in gone and staging >= 0 for name, _, staging in transfer.pages):
+            add("page name ends while a buffer_only persist reads its device copy")
+        if transfer.kind is TransferKind.FETCH and transfer_id not in after.doomed and any(name in gone for name, _, _ in transfer.pages):
+            add("page name ends while a landing fetch writes its device copy")
     if operation == "l3_exists" and error is None and args and any(key not in after.objects and key not in after.keys.values() for key in args[0]):
         add("l3_exists of a key never written")
     # cancel back inside a page

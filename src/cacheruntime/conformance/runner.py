@@ -35,7 +35,7 @@ CROSS_CUTTING = {
     Capability.DELAY_KNOB: "ordering under slow transfers (O1-O3)",
     Capability.SCHEDULE_SEED: "interleavings drawn per case (set_schedule_seed), the same on every machine",
     Capability.FAULT_INJECTION: "faults injected (inject_fault): failed copies, failed compute, a dead worker (the faults check)",
-    Capability.L3: "L3 with the suite's store (l3=): persist, fetch, l3_exists, objects removed, store writes failed or held, S1-S3 (the storage check)",
+    Capability.L3: "L3 with the suite's store (l3=): persist, fetch, l3_exists, objects removed, store reads and writes failed, store writes held, S1-S3 (the storage check)",
 }
 
 

@@ -551,13 +551,15 @@ class RuntimeConformance(RuleBasedStateMachine):
         if started and not fail:
             self.persisted.append(keys)
 
-    def _fetch(self, i: int, count: int, evict: bool, ask: bool, execute: bool, fail_read: bool = False) -> None:
+    def _fetch(self, i: int, count: int, evict: bool, ask: bool, execute: bool, fail_read: bool = False, cancel: bool = False) -> None:
         """A new request reads the first `count` objects of the i-th persisted extent that the store
         holds into its row (a prefix hit in L3, once their persist is reported) and computes after
         them; with `evict`, the last of them is removed behind the runtime's back first (the fetch
         misses: its batch fails, nothing lost); with `fail_read`, the store fails every read of the
         last of them until the fetch has completed (STORE: its batch fails, nothing lost); with
-        `ask`, control asks `l3_exists` first, a key never written among them."""
+        `ask`, control asks `l3_exists` first, a key never written among them; with `cancel` (and not
+        `execute`), the batch is cancelled and its request closed at once, the fetch likely still in
+        flight (its device pages' names end under it), and then it lands."""
         if not self.persisted:
             return
         keys = self.persisted[i % len(self.persisted)]
@@ -591,6 +593,10 @@ class RuntimeConformance(RuleBasedStateMachine):
             if handle is not None and execute:
                 self._call("execute_batch", handle)
                 self._completions("poll_completions")  # the scheduler's next step: the fetch its compute waited for is reported
+            elif handle is not None and cancel:
+                self._call("cancel_batch", handle)
+                self._call("close_request", request)
+                self._completions("wait_completions")
             elif handle is not None and (evict or fail_read):
                 self._completions("wait_completions")  # the failure is reported before the batch runs (or is cancelled)
             if fail_read:  # the read stays failed until the runtime's fetch has completed (its compute waited, or a wait)
@@ -601,6 +607,34 @@ class RuntimeConformance(RuleBasedStateMachine):
             if fail_read:
                 self.store.heal(keys[-1])
                 self.unreadable.discard(keys[-1])
+
+    def _end_under_persist(self, i: int) -> None:
+        """The i-th live extent's pages end while its persist is in flight: the rows reading them finish,
+        it is persisted, and it is released at once (on thread streams with store writes held, so the
+        persist is surely in flight; on simulated ones while the schedule has likely not run it yet);
+        then it lands. In buffer_only mode the persist reads the device pages, whose frees wait for it."""
+        extent = self._persistable_extent(i)
+        if extent is None:
+            return
+        pages = set(self.model.state.extents[self.renaming.model_args(extent).generation].pages)
+        for slot_id, slot in enumerate(self.model.state.slots):
+            if slot.live and pages & set(slot.pages):
+                self._call("close_request", RequestRuntimeHandle(self.info.runtime_id, self.model.state.epoch, slot_id, slot.generation))
+        keys = self.store.fresh_keys(extent.page_count)
+        held = not self._claims(Capability.SCHEDULE_SEED)  # a simulated stream runs the held write on the caller's thread
+        if held:
+            self.store.hold(Op.PUT)
+            self.holding = True
+        try:
+            if self._call("submit", (Persist(extent, keys),)) is not None:
+                self.persisted.append(keys)
+            if self._live(extent):
+                self._call("release", extent)
+        finally:
+            if held:
+                self.holding = False
+                self.store.release(Op.PUT)
+        self._completions("wait_completions")
 
     def _l3_exists(self, keys: tuple[str, ...]) -> None:
         """l3_exists of `keys` and a key never written, leaving out the keys of persists in flight: the
@@ -1840,6 +1874,16 @@ def machine_for(target: Target | str, options: dict | None = None, check: str = 
             self._l3_exists(self.persisted[i % len(self.persisted)][:known] if self.persisted else ())
 
         Machine.l3_exists = l3_exists
+
+        @rule(i=st.integers(0, 7), count=st.integers(1, 3), fail_read=st.booleans())
+        def end_under_l3(self, i, count, fail_read):
+            """Page names end under L3 transfers in flight, which then land: an extent released right after its
+            persist starts (`_end_under_persist`), then a fetch of those objects planned and at once its batch
+            cancelled and its request closed (`_fetch` with `cancel`), its store read failing or not."""
+            self._end_under_persist(i)
+            self._fetch(i, count, evict=False, ask=False, execute=False, fail_read=fail_read, cancel=True)
+
+        Machine.end_under_l3 = end_under_l3
 
         if Capability.SCHEDULE_SEED not in info.capabilities:  # a simulated stream runs the held write on the caller's thread
 

@@ -20,7 +20,7 @@ a split that keeps its parent). `faults.*` mishandle one fault each (a failed co
 landed, write-back that drops too early, a failed batch committed, a dead worker unnoticed):
 the `faults` check kills them. `storage.*` get one step of the L3 tier wrong (staging freed
 before the store write, a failed write that drops the device copy, a miss or a failed read
-taken for a hit):
+taken for a hit, device pages left deferred when the transfer that used them lands):
 the `storage` check, which gives a runtime its store, kills them.
 """
 

@@ -96,6 +96,16 @@ class _HostCopyKeptLedger(Ledger):
                 page.copies[Tier.L2] = new_copy(Copy, (staging, VALID))
 
 
+class _DeviceFreesSkippedOnLandingLedger(Ledger):
+    def complete_l3(self, transfer_id: int) -> None:
+        device = self.state.pools[Tier.L1]
+        deferred, device.deferred = device.deferred, {}  # out of the landing's reach: only the host pool's frees run
+        try:
+            super().complete_l3(transfer_id)
+        finally:
+            device.deferred = deferred
+
+
 class StagingReusedBeforeStoreWrite(_Mutant):
     """A buffer_only persist's staging host pages go back on the free list when it starts, not after its store write."""
 
@@ -140,6 +150,19 @@ class BufferOnlyKeepsHostCopy(_Mutant):
     parts: ClassVar[dict[str, Any]] = {"ledger_class": _HostCopyKeptLedger}
 
 
+class DeviceFreesSkippedOnLanding(_Mutant):
+    """A landed L3 transfer runs the host pool's deferred frees only: device pages whose names ended under it stay deferred forever."""
+
+    invariant = "R1"
+    parts: ClassVar[dict[str, Any]] = {"ledger_class": _DeviceFreesSkippedOnLandingLedger}
+
+
+class DeviceFreesSkippedOnFetchLanding(DeviceFreesSkippedOnLanding):
+    """The same in resident mode, where only a fetch uses device pages: a cancelled fetch's device pages stay deferred forever."""
+
+    host_mode_name = "resident"
+
+
 #: name -> mutant class
 MUTANTS = {
     "staging_reused_before_store_write": StagingReusedBeforeStoreWrite,
@@ -148,4 +171,6 @@ MUTANTS = {
     "fetch_read_failure_reported_as_hit": FetchReadFailureReportedAsHit,
     "persist_writes_another_page": PersistWritesAnotherPage,
     "buffer_only_keeps_host_copy": BufferOnlyKeepsHostCopy,
+    "device_frees_skipped_on_landing": DeviceFreesSkippedOnLanding,
+    "device_frees_skipped_on_fetch_landing": DeviceFreesSkippedOnFetchLanding,
 }

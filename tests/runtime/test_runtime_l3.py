@@ -104,8 +104,21 @@ def fetch_step(t: L3Twin, keys=KEYS):
     return r, t.prepare_batch(plan(item(r, 1, start=9), intents=(Fetch(r, keys),)))
 
 
-def test_persist_then_fetch_hits(l3twin):
+#: A fetch reads a chunk of objects per store request and copies each chunk as its read lands:
+#: in one-page chunks a hit lands page by page, and a miss of the second key comes after the
+#: first chunk was copied.
+CHUNKS = pytest.mark.parametrize("one_page_chunks", [False, True], ids=["one-chunk", "page-chunks"])
+
+
+def _chunked(t: L3Twin, one_page_chunks: bool) -> None:
+    if one_page_chunks:
+        t.runtime.device_layer.l3.fetch_chunk_pages = 1
+
+
+@CHUNKS
+def test_persist_then_fetch_hits(l3twin, one_page_chunks):
     t = l3twin
+    _chunked(t, one_page_chunks)
     r, extent, ticket = persisted(t)
     (done,) = t.settle()
     assert done.ticket == ticket and done.failure is None
@@ -120,8 +133,10 @@ def test_persist_then_fetch_hits(l3twin):
     assert fetched.ticket.kind is TransferKind.FETCH and fetched.failure is None
 
 
-def test_fetch_of_a_removed_object_misses_and_the_batch_fails(l3twin):
+@CHUNKS
+def test_fetch_of_a_removed_object_misses_and_the_batch_fails(l3twin, one_page_chunks):
     t = l3twin
+    _chunked(t, one_page_chunks)
     r, extent, _ = persisted(t)
     t.settle()
     t.store.evict(KEYS[1:])  # another runtime sharing the store removed it: l3_exists was a hint
@@ -133,28 +148,6 @@ def test_fetch_of_a_removed_object_misses_and_the_batch_fails(l3twin):
     assert missed.failure is TransferFailure.MISS
     # control falls back to recompute: the same request, the tokens as input
     t.execute_batch(t.prepare_batch(plan(item(r2, 5, start=1))))
-
-
-def test_a_fetch_in_one_page_chunks_lands_and_a_miss_in_a_later_chunk_fails_it(l3twin):
-    """A fetch reads its objects a chunk per store request and copies each chunk as its read
-    lands: with one page per chunk, a hit lands every page, and a miss in the second chunk (after
-    the first was copied) fails the fetch as MISS, its staging freed and the batch failed."""
-    t = l3twin
-    t.runtime.device_layer.l3.fetch_chunk_pages = 1
-    r, extent, _ = persisted(t)
-    t.settle()
-    t.close_request(r)
-    t.release(extent)
-    r2, batch = fetch_step(t)
-    assert t.execute_batch(batch).items[0].num_tokens == 5  # the token digests the fetched bytes
-    t.settle()
-    t.store.evict(KEYS[1:])
-    t.model.remove_object(KEYS[1])
-    r3, failing = fetch_step(t)
-    with pytest.raises(ComputeFailed):
-        t.execute_batch(failing)
-    (missed,) = t.settle()
-    assert missed.failure is TransferFailure.MISS
 
 
 def test_a_failed_store_write_reports_store_and_keeps_every_copy(l3twin):

@@ -126,10 +126,12 @@ class L3Moves:
         spans = [(lo, min(lo + n, len(keys))) for lo in range(0, len(keys), n)]
         requests = [self.worker.submit_get(keys[lo:hi], views[lo:hi]) for lo, hi in spans]
         read: list[StoreCompletion] = []
+        all_hits = True
         try:
             for (lo, hi), request in zip(spans, requests):
-                read.append(self.worker.wait(request))
-                if all(r.status is Status.HIT for done in read for r in done.results):
+                read.append(done := self.worker.wait(request))
+                all_hits = all_hits and all(r.status is Status.HIT for r in done.results)
+                if all_hits:
                     self._copy(staging[lo:hi], device[lo:hi])
         finally:
             if end is not None and self.fetch_stream is not None:  # the copies issued write device pages: a failed fetch's too

@@ -36,9 +36,29 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 _draws = contextlib.ExitStack()
 
+#: The longest test files, longest first (durations of the 2-core CI machine). The README's test
+#: command hands whole files to its workers (`-n auto --dist loadfile`) in collection order, so a
+#: long file collected last would run alone at the end while the other cores idle.
+LONGEST_FILES = (
+    "tests/test_gate.py",
+    "tests/sglang/test_venv.py",
+    "tests/conformance/test_legal_variants.py",
+    "tests/tla/test_tlc.py",
+    "tests/conformance/test_coverage.py",
+    "tests/conformance/test_keep_going.py",
+)
+
 
 def pytest_configure(config):
     _draws.enter_context(independent_of_loaded_modules())
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(LONGEST_FILES) if path.endswith(name)), len(LONGEST_FILES))
+
+    items.sort(key=rank)  # stable: every other test keeps its place
 
 
 def pytest_unconfigure(config):

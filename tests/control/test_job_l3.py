@@ -23,8 +23,9 @@ def run(tmp_path, name, *args):
 def test_a_second_run_fetches_what_the_first_persisted(tmp_path, mode):
     store = f"file:{tmp_path / 'l3'}"
     code, first = run(tmp_path, "first", "--l3", store, "--host-mode", mode)
-    assert code == 0 and first["output_mismatches"] == 0
-    assert first["hit_tokens_l3"] == 0 and first["fetched_bytes"] == 0 and first["persisted_bytes"] > 0
+    # Not `first["hit_tokens_l3"] == 0`: a run may fetch what it persisted itself, once L1 and L2
+    # dropped it, and whether that happens depends on when its persists land (machine load).
+    assert code == 0 and first["output_mismatches"] == 0 and first["persisted_bytes"] > 0
     assert len(list((tmp_path / "l3").rglob("*"))) > 0
     code, second = run(tmp_path, "second", "--l3", store, "--host-mode", mode)
     assert code == 0 and second["output_check"] == "reference_next_token" and second["output_mismatches"] == 0
@@ -90,10 +91,11 @@ def test_a_second_run_fetches_from_the_mooncake_cluster_the_first_filled(tmp_pat
     with LocalMooncake(tmp_path / "mooncake") as cluster:
         store = f"mooncake:{cluster.master_address},{cluster.metadata_url}"
         code, first = run(tmp_path, "first", "--l3", store)
-        assert code == 0 and first["output_mismatches"] == 0 and first["persisted_bytes"] > 0 and first["hit_tokens_l3"] == 0
+        assert code == 0 and first["output_mismatches"] == 0 and first["persisted_bytes"] > 0  # its own fetches: see above
         code, second = run(tmp_path, "second", "--l3", store)
     assert code == 0 and second["output_mismatches"] == 0
     assert second["hit_tokens_l3"] > 0 and second["fetched_bytes"] > 0
+    assert second["computed_prompt_tokens"] < first["computed_prompt_tokens"]
 
 
 @needs_mooncake

@@ -92,6 +92,9 @@ class ProcessGPURuntime:
         self._context = zmq.Context()
         self._socket: zmq.Socket[bytes] | None = None
         self._process: Any = None
+        #: Waits on the socket and the process's exit sentinel together; built once per process,
+        #: not per call: a new `zmq.Poller` per call cost 40-50 us of a 65-110 us round trip here.
+        self._poller = zmq.Poller()
         self._spawned = 0
         #: The generation each slot's next open would get, as far as control has seen (a new
         #: process continues from them: H2 holds across processes).
@@ -129,6 +132,9 @@ class ProcessGPURuntime:
         self._process = process
         self._socket = self._context.socket(zmq.REQ)
         self._socket.connect(endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(process.sentinel, zmq.POLLIN)
         self.lost_cause = ""
         try:
             info = self._call("info", timeout_s=self.start_timeout_s)
@@ -167,12 +173,9 @@ class ProcessGPURuntime:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
         self._socket.send(data)
         self.messages[operation] += 1
-        poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
-        poller.register(self._process.sentinel, zmq.POLLIN)
         while True:
             try:
-                ready = dict(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
+                ready = dict(self._poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
             except BaseException:  # interrupted (Ctrl-C) with the call's outcome unknown: the runtime is lost to control
                 self.lost_cause = f"{operation} was interrupted; whether it ran is unknown"
                 self._stop()

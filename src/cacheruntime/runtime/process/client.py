@@ -3,7 +3,23 @@
 Control holds this client; the runtime process (`server.py`) holds a `LocalGPURuntime`
 with everything physical: slots, ReqToToken, the allocator, both pools, streams, events
 and the runner. The client imports no torch: what crosses is the protocol's frozen values,
-one request message per boundary call and one reply (B1), counted in `messages`.
+one request message per boundary call and one reply (B1), counted in `messages`, with one
+exception, counted in `unsent`: a `poll_completions` that the runtime process has said
+must report nothing (below) is answered here, and only its count crosses, inside the next
+message.
+
+A poll without a message. The reply of a successful `execute_batch` says whether a poll
+made now would report nothing and change nothing but the poll count (the server's
+`poll_reports_nothing`: no transfer in flight, no completion unreported or held, the
+machinery alive). Nothing in the runtime process can change that before the next message
+(transfers start only in calls), so every poll until the client's next message is answered
+`()` here (the process's exit sentinel checked first: a dead process is RuntimeLost at
+the poll, as before), and the next message carries how many there were: the runtime
+process makes those polls first, for real, so that B1's counts and everything else a later
+call or `probe()` observes are what they would have been. In a decode loop with nothing in
+flight this is one round trip of three per step (70-130 us on the H200 host); a poll
+while transfers are in flight still crosses, since only the runtime process can see what
+finished.
 
 Transport: ZeroMQ (pyzmq) REQ/REP over an `ipc://` socket in a private directory. ZeroMQ
 is what SGLang runs between its scheduler, tokenizer and detokenizer processes; it gives
@@ -35,6 +51,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import select
 import shutil
 import tempfile
 import threading
@@ -86,6 +103,10 @@ class ProcessGPURuntime:
         self.start_timeout_s = start_timeout_s
         #: Request messages sent, per operation: one per boundary call (B1), never per token.
         self.messages: Counter[str] = Counter()
+        #: Boundary calls answered without a message, per operation (only `poll_completions`).
+        self.unsent: Counter[str] = Counter()
+        self._quiet = False  # the runtime process said a poll now reports nothing (execute_batch's reply)
+        self._unsent_polls = 0  # polls answered here since the last message: the next one carries them
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
         self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
         self._directory = tempfile.mkdtemp(prefix="cacheruntime-process-")
@@ -149,6 +170,7 @@ class ProcessGPURuntime:
     def _lose(self, cause: str) -> None:
         """RuntimeLost: the runtime process is gone; drop the socket, reap the process."""
         self.lost_cause = cause
+        self._quiet, self._unsent_polls = False, 0  # polls of a lost epoch: nothing can count them now
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
@@ -168,11 +190,12 @@ class ProcessGPURuntime:
         if self._socket is None:
             raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
         try:
-            data = wire.dumps((operation, args, kwargs))
+            data = wire.dumps((operation, args, kwargs, self._unsent_polls))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
         self._socket.send(data)
         self.messages[operation] += 1
+        self._quiet, self._unsent_polls = False, 0
         while True:
             try:
                 ready = dict(self._poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
@@ -183,7 +206,9 @@ class ProcessGPURuntime:
             if not ready:
                 raise TimeoutError(operation)
             if self._socket in ready:
-                return wire.raise_reply(wire.loads(self._socket.recv()))
+                reply = wire.loads(self._socket.recv())
+                self._quiet = wire.quiet(reply)
+                return wire.raise_reply(reply)
             if self._process.sentinel in ready or not self._process.is_alive():
                 self._process.join(timeout=1.0)
                 pid, code = self._process.pid, self._process.exitcode
@@ -255,7 +280,12 @@ class ProcessGPURuntime:
         return self._forward("submit", intents)  # type: ignore[no-any-return]
 
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
-        return self._forward("poll_completions")  # type: ignore[no-any-return]
+        with self._lock:
+            if self._quiet and self._process is not None and not select.select([self._process.sentinel], [], [], 0)[0]:
+                self._unsent_polls += 1
+                self.unsent["poll_completions"] += 1
+                return ()
+            return self._call("poll_completions")  # type: ignore[no-any-return]
 
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         return self._forward("wait_completions")  # type: ignore[no-any-return]

@@ -2,7 +2,9 @@
 
 The whole physical domain lives here (slots, ReqToToken, allocator, pools, streams, the
 runner): the client only ever sends one request message per boundary call and gets one
-reply. Typed errors travel back as they were raised (`wire.error_reply`); anything else
+reply, except for polls it answered itself because `execute_batch`'s reply said a poll
+would report nothing (`client.py`): the next request carries how many, and they run here
+first. Typed errors travel back as they were raised (`wire.error_reply`); anything else
 (a bug, a test knob's `ValueError`) by its type and message, and the process keeps serving.
 `close` drains the runtime and ends the process.
 
@@ -36,6 +38,17 @@ def build(factory: str, options: dict[str, Any]) -> LocalGPURuntime:
     return runtime
 
 
+def poll_reports_nothing(runtime: LocalGPURuntime) -> bool:
+    """Whether `poll_completions` would now report nothing and change nothing but its count and
+    the device layer's pump flag, and would still until the next call: no transfer in flight
+    (none finishes meanwhile, none starts but in a call), none completed and unreported or held
+    by the reporting choice, and the machinery alive (a poll would not raise RuntimeFault). Its
+    `pump_idle` then finds no queued backup piece to issue (a queued piece is a transfer in flight)."""
+    ledger = runtime.ledger
+    state = ledger.state
+    return not (state.transfers or state.unreported or ledger.held or state.lost) and runtime.device_layer.alive()
+
+
 def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...]) -> None:
     """Build the runtime (continuing at `epoch` and `generations` when `epoch` > 0), then answer requests until `close`."""
     runtime = build(factory, options)
@@ -46,7 +59,9 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     socket.bind(endpoint)
     try:
         while True:
-            operation, args, kwargs = wire.loads(socket.recv())
+            operation, args, kwargs, unsent_polls = wire.loads(socket.recv())
+            for _ in range(unsent_polls):  # each reports nothing (poll_reports_nothing held): their counts and
+                runtime.poll_completions()  # their one effect, `pump_idle`'s flag, as if made in their turn
             if operation == "close":
                 runtime.close()
                 socket.send(wire.dumps((wire.OK, None)))
@@ -55,6 +70,8 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                 if operation not in OPERATIONS:
                     raise AttributeError(f"the runtime process serves no operation {operation!r}")
                 reply: tuple[Any, ...] = (wire.OK, getattr(runtime, operation)(*args, **kwargs))
+                if operation == "execute_batch" and poll_reports_nothing(runtime):
+                    reply += (True,)
             except Exception as error:
                 reply = wire.error_reply(error)
             socket.send(wire.dumps(reply))

@@ -1,6 +1,8 @@
 """The process runtime's messages: protocol values to bytes and back, one message per boundary call.
 
-A request is `(operation, args, kwargs)`, a reply `(OK, value)`, `(ERROR, [type name,
+A request is `(operation, args, kwargs, unsent polls)` (the polls the client answered
+itself since its last message, `client.py`), a reply `(OK, value)` (`(OK, value, True)`
+for an `execute_batch` after which a poll reports nothing), `(ERROR, [type name,
 message, attributes])` for a typed error, or `(CRASH, exception type name, message)` for
 an untyped one (a bug, or a test knob's `ValueError`).
 
@@ -50,6 +52,12 @@ from cacheruntime import protocol
 from cacheruntime.protocol import BatchCompletion, BatchItem, BatchPlan, CacheRuntimeError, ItemResult, RequestRuntimeHandle
 
 OK, ERROR, CRASH = 0, 1, 2
+
+
+def quiet(reply: tuple[Any, ...]) -> bool:
+    """Whether `reply` is an `execute_batch`'s that says a poll now reports nothing (`server.poll_reports_nothing`)."""
+    return len(reply) == 3 and reply[0] == OK
+
 
 _ERRORS: dict[str, type[CacheRuntimeError]] = {c.__name__: c for c in vars(protocol).values() if isinstance(c, type) and issubclass(c, CacheRuntimeError)}
 

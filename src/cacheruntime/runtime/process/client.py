@@ -21,10 +21,15 @@ flight this is one round trip of three per step (70-130 us on the H200 host); a 
 while transfers are in flight still crosses, since only the runtime process can see what
 finished.
 
-Transport: ZeroMQ (pyzmq) REQ/REP over an `ipc://` socket in a private directory. ZeroMQ
-is what SGLang runs between its scheduler, tokenizer and detokenizer processes; it gives
-whole messages (no framing code here), a socket that can be polled together with a plain
-file descriptor (the process's exit sentinel, below), and a copy-free send of the bytes.
+Transport: one Unix stream socket in a private directory (the runtime process connects to
+the client's), each message its length and then its bytes (`wire.send`, `wire.recv`),
+request and reply in strict turn. Its descriptor is polled together with the process's exit
+sentinel (below). ZeroMQ (REQ/REP over `ipc://`, what SGLang runs between its processes)
+was the first transport: its I/O threads put two thread hand-offs each way into every call,
+so one round trip cost 70-130 us on the H200 host (docs/benchmarks.md, `processsplit`), two
+to three decode steps' worth of the ITL target; on the development machine a ZeroMQ round
+trip of a 200-byte message took 66-156 us and the same over a plain Unix socket 25-37 us
+(both processes woken the same way).
 Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, chosen by
 measurement: docs/process-runtime.md).
 
@@ -53,13 +58,12 @@ import os
 import pickle
 import select
 import shutil
+import socket
 import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import zmq
 
 from cacheruntime.protocol import (
     AbstractState,
@@ -110,12 +114,10 @@ class ProcessGPURuntime:
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
         self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
         self._directory = tempfile.mkdtemp(prefix="cacheruntime-process-")
-        self._context = zmq.Context()
-        self._socket: zmq.Socket[bytes] | None = None
+        self._socket: socket.socket | None = None
         self._process: Any = None
-        #: Waits on the socket and the process's exit sentinel together; built once per process,
-        #: not per call: a new `zmq.Poller` per call cost 40-50 us of a 65-110 us round trip here.
-        self._poller = zmq.Poller()
+        #: Waits on the socket and the process's exit sentinel together; built once per process, not per call.
+        self._poller = select.poll()
         self._spawned = 0
         #: The generation each slot's next open would get, as far as control has seen (a new
         #: process continues from them: H2 holds across processes).
@@ -136,7 +138,7 @@ class ProcessGPURuntime:
     def _spawn(self, epoch: int) -> RuntimeInfo:
         """Fork a runtime process at `epoch` (continuing the generations seen), wait until it serves."""
         self._spawned += 1
-        endpoint = f"ipc://{self._directory}/runtime-{self._spawned}"
+        endpoint = os.path.join(self._directory, f"runtime-{self._spawned}")
         error_file = os.path.join(self._directory, f"start-error-{self._spawned}.txt")
         generations = tuple(self._generations.get(slot, 0) for slot in range(max(self._generations, default=-1) + 1))
         context = multiprocessing.get_context("forkserver")
@@ -146,33 +148,53 @@ class ProcessGPURuntime:
         process = context.Process(
             target=child.main, args=(endpoint, self.factory, self.options, epoch, generations, error_file), name="cacheruntime-runtime", daemon=True
         )
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            process.start()
-        except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
-            raise RuntimeStartFailed(f"the runtime process did not start: {error}") from error
-        self._process = process
-        self._socket = self._context.socket(zmq.REQ)
-        self._socket.connect(endpoint)
-        self._poller = zmq.Poller()
-        self._poller.register(self._socket, zmq.POLLIN)
-        self._poller.register(process.sentinel, zmq.POLLIN)
-        self.lost_cause = ""
-        try:
-            info = self._call("info", timeout_s=self.start_timeout_s)
-        except TimeoutError as error:
-            self._stop()
-            raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not serve within {self.start_timeout_s} s; it was killed") from error
-        except RuntimeFault as error:
-            why = Path(error_file).read_text().strip() if os.path.exists(error_file) else self.lost_cause
-            raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not start: {why}") from error
+            listener.bind(endpoint)
+            listener.listen(1)
+            try:
+                process.start()
+            except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
+                raise RuntimeStartFailed(f"the runtime process did not start: {error}") from error
+            self._process = process
+            self.lost_cause = ""
+            try:
+                self._socket = self._accept(listener)
+                info = self._call("info", timeout_s=self.start_timeout_s)
+            except TimeoutError as error:
+                self._stop()
+                raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not serve within {self.start_timeout_s} s; it was killed") from error
+            except RuntimeFault as error:
+                why = Path(error_file).read_text().strip() if os.path.exists(error_file) else self.lost_cause
+                raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not start: {why}") from error
+        finally:
+            listener.close()
         return info  # type: ignore[no-any-return]
+
+    def _accept(self, listener: socket.socket) -> socket.socket:
+        """The new process's connection (it connects first thing), or its death (RuntimeFault), or TimeoutError."""
+        waiting = select.poll()
+        waiting.register(listener, select.POLLIN)
+        waiting.register(self._process.sentinel, select.POLLIN)
+        if not waiting.poll(self.start_timeout_s * 1000):
+            raise TimeoutError("connect")
+        listener.setblocking(False)
+        try:
+            link, _ = listener.accept()
+        except BlockingIOError:  # not a connection: the process ended before it connected
+            raise self._died("start") from None
+        link.setblocking(True)
+        self._poller = select.poll()
+        self._poller.register(link, select.POLLIN)
+        self._poller.register(self._process.sentinel, select.POLLIN)
+        return link
 
     def _lose(self, cause: str) -> None:
         """RuntimeLost: the runtime process is gone; drop the socket, reap the process."""
         self.lost_cause = cause
         self._quiet, self._unsent_polls = False, 0  # polls of a lost epoch: nothing can count them now
         if self._socket is not None:
-            self._socket.close(linger=0)
+            self._socket.close()
             self._socket = None
         if self._process is not None:
             self._process.join(timeout=1.0)
@@ -193,27 +215,33 @@ class ProcessGPURuntime:
             data = wire.dumps((operation, args, kwargs, self._unsent_polls))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
-        self._socket.send(data)
-        self.messages[operation] += 1
-        self._quiet, self._unsent_polls = False, 0
-        while True:
-            try:
-                ready = dict(self._poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
-            except BaseException:  # interrupted (Ctrl-C) with the call's outcome unknown: the runtime is lost to control
-                self.lost_cause = f"{operation} was interrupted; whether it ran is unknown"
-                self._stop()
-                raise
+        try:
+            wire.send(self._socket, data)
+            self.messages[operation] += 1
+            self._quiet, self._unsent_polls = False, 0
+            ready = self._poller.poll(None if timeout_s is None else timeout_s * 1000)
             if not ready:
                 raise TimeoutError(operation)
-            if self._socket in ready:
-                reply = wire.loads(self._socket.recv())
-                self._quiet = wire.quiet(reply)
-                return wire.raise_reply(reply)
-            if self._process.sentinel in ready or not self._process.is_alive():
-                self._process.join(timeout=1.0)
-                pid, code = self._process.pid, self._process.exitcode
-                self._lose(f"the runtime process {pid} ended with exit code {code}")
-                raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
+            if self._socket.fileno() not in {fd for fd, _ in ready}:
+                raise self._died(operation)
+            reply = wire.loads(wire.recv(self._socket))
+        except (TimeoutError, RuntimeFault):  # TimeoutError is an OSError: not a closed socket
+            raise
+        except (EOFError, OSError):  # the process's end of the socket closed: it died
+            raise self._died(operation) from None
+        except BaseException:  # interrupted (Ctrl-C) with the call's outcome unknown: the runtime is lost to control
+            self.lost_cause = f"{operation} was interrupted; whether it ran is unknown"
+            self._stop()
+            raise
+        self._quiet = wire.quiet(reply)
+        return wire.raise_reply(reply)
+
+    def _died(self, operation: str) -> RuntimeFault:
+        """RuntimeLost: the runtime process ended; reap it and say so."""
+        self._process.join(timeout=1.0)
+        pid, code = self._process.pid, self._process.exitcode
+        self._lose(f"the runtime process {pid} ended with exit code {code}")
+        return RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
 
     def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -238,7 +266,6 @@ class ProcessGPURuntime:
         """Stop the runtime process if any, and give back the socket context and the socket directory."""
         self._stop()
         self.lost_cause = "closed"
-        self._context.term()
         shutil.rmtree(self._directory, ignore_errors=True)
 
     # -- the interface ------------------------------------------------------------------

@@ -15,9 +15,8 @@ by control: it imports torch.
 from __future__ import annotations
 
 import importlib
+import socket
 from typing import Any
-
-import zmq
 
 from cacheruntime.recording import BOUNDARY_OPERATIONS
 from cacheruntime.runtime.local import LocalGPURuntime
@@ -50,21 +49,21 @@ def poll_reports_nothing(runtime: LocalGPURuntime) -> bool:
 
 
 def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...]) -> None:
-    """Build the runtime (continuing at `epoch` and `generations` when `epoch` > 0), then answer requests until `close`."""
+    """Connect to the client's socket at `endpoint`, build the runtime (continuing at `epoch` and
+    `generations` when `epoch` > 0), then answer requests until `close` (or the client is gone)."""
+    link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    link.connect(endpoint)  # first: the client waits for it, then for the reply to its first call
     runtime = build(factory, options)
     if epoch or any(generations):
         runtime.ledger.continue_lost(epoch, list(generations) + [0] * (runtime.max_requests - len(generations)))
-    context = zmq.Context()
-    socket = context.socket(zmq.REP)
-    socket.bind(endpoint)
     try:
         while True:
-            operation, args, kwargs, unsent_polls = wire.loads(socket.recv())
+            operation, args, kwargs, unsent_polls = wire.loads(wire.recv(link))
             for _ in range(unsent_polls):  # each reports nothing (poll_reports_nothing held): their counts and
                 runtime.poll_completions()  # their one effect, `pump_idle`'s flag, as if made in their turn
             if operation == "close":
                 runtime.close()
-                socket.send(wire.dumps((wire.OK, None)))
+                wire.send(link, wire.dumps((wire.OK, None)))
                 return
             try:
                 if operation not in OPERATIONS:
@@ -74,7 +73,8 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                     reply += (True,)
             except Exception as error:
                 reply = wire.error_reply(error)
-            socket.send(wire.dumps(reply))
+            wire.send(link, wire.dumps(reply))
+    except EOFError:  # the client closed its end: nobody is left to serve
+        runtime.close()
     finally:
-        socket.close(linger=0)
-        context.term()
+        link.close()

@@ -17,21 +17,22 @@ machinery alive). Nothing in the runtime process can change that before the next
 the poll, as before), and the next message carries how many there were: the runtime
 process makes those polls first, for real, so that B1's counts and everything else a later
 call or `probe()` observes are what they would have been. In a decode loop with nothing in
-flight this is one round trip of three per step (70-130 us on the H200 host); a poll
-while transfers are in flight still crosses, since only the runtime process can see what
-finished.
+flight this saves one round trip of three per step; a poll while transfers are in flight,
+or after any call but `execute_batch`, still crosses, since only the runtime process can
+see what finished.
 
 Transport: one Unix stream socket in a private directory (the runtime process connects to
 the client's), each message its length and then its bytes (`wire.send`, `wire.recv`),
 request and reply in strict turn. Its descriptor is polled together with the process's exit
 sentinel (below). ZeroMQ (REQ/REP over `ipc://`, what SGLang runs between its processes)
 was the first transport: its I/O threads put two thread hand-offs each way into every call,
-so one round trip cost 70-130 us on the H200 host (docs/benchmarks.md, `processsplit`), two
-to three decode steps' worth of the ITL target; on the development machine a ZeroMQ round
-trip of a 200-byte message took 66-156 us and the same over a plain Unix socket 25-37 us
-(both processes woken the same way).
-Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, chosen by
-measurement: docs/process-runtime.md).
+so one round trip cost 70-130 us on the H200 host (docs/benchmarks.md, `processsplit`): three
+a step were more than the ITL target's whole margin (3% of a 6.5 ms step, 195 us). On the
+development machine a ZeroMQ round trip of a 200-byte message took 66-156 us and the same
+over a plain Unix socket 25-37 us (both processes woken the same way), and the `process`
+bench's round-trip row went from 165-190 us to 77-98 us. It needs no package either.
+Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, a
+decode step's plan and completion as columns; chosen by measurement: docs/process-runtime.md).
 
 The client starts, supervises and stops the runtime process. It forks it from a fork
 server that has torch and the runtime already imported (`multiprocessing`'s forkserver

@@ -19,9 +19,12 @@ import pytest
 
 from cacheruntime.protocol import (
     Backup,
+    BatchCompletion,
     BatchItem,
     BatchPlan,
+    ItemResult,
     OutOfPages,
+    PreparedBatchHandle,
     RequestRuntimeHandle,
     RuntimeFault,
     StaleHandle,
@@ -154,6 +157,25 @@ def test_the_wire_format_round_trips_every_kind_of_value():
     plan = BatchPlan((BatchItem(request, (1, 2), (), True),))
     message = ("prepare_batch", (plan,), {}, [1, [2]], (), ((1, 2), (3, 4)))
     assert wire.loads(wire.dumps(message)) == message
+
+
+def test_plans_and_completions_cross_as_columns_and_anything_else_as_it_was():
+    requests = [RequestRuntimeHandle("local", 2, slot, 5) for slot in range(3)]
+    plan = BatchPlan(tuple(BatchItem(r, (slot,), (), slot == 1) for slot, r in enumerate(requests)))
+    done = BatchCompletion(PreparedBatchHandle("local", 2, 7), tuple(ItemResult(r, 9, None) for r in requests), (), ())
+    odd = [
+        BatchPlan(()),
+        BatchPlan((BatchItem(requests[0]), "not an item")),
+        BatchPlan([BatchItem(requests[0])]),  # a list where the protocol says tuple
+        BatchPlan((BatchItem(("local", 2, 0, 5)),)),  # a handle that is not one
+        BatchPlan((BatchItem(RequestRuntimeHandle("local", True, 0, 5.0)),)),  # fields of the wrong types
+    ]
+    for value in (plan, done, *odd):
+        back = wire.loads(wire.dumps((wire.OK, value)))[1]
+        assert back == value and type(back.items) is type(value.items)
+        assert [type(x) for x in back.items] == [type(x) for x in value.items]
+    fields = wire.loads(wire.dumps((wire.OK, odd[-1])))[1].items[0].request
+    assert (type(fields.epoch), type(fields.generation)) == (bool, float)
 
 
 def test_a_runtime_process_that_never_serves_is_a_typed_error_and_is_killed():

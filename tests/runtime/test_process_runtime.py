@@ -107,6 +107,31 @@ def test_a_poll_that_must_report_nothing_costs_no_message_and_still_counts(runti
     runtime.close_request(request)
 
 
+def _decode_loop(rt):
+    """What a scheduler does: prefill, a backup in flight over some steps, decode steps each
+    followed by polls (no probe between them), a wait; every result, then the state."""
+    requests = [rt.open_request() for _ in range(2)]
+    results = [rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1, 2, 3, 4)) for r in requests)))), rt.poll_completions()]
+    results.append(rt.submit((Backup(rt.publish(requests[0], 0, 2)),)))
+    for _ in range(6):
+        results.append(rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, append_previous_output=True) for r in requests)))))
+        results += [rt.poll_completions(), rt.poll_completions()]
+    return [*results, rt.wait_completions(), rt.probe()]
+
+
+def test_polls_answered_without_a_message_leave_every_result_and_the_state_as_in_process():
+    from cacheruntime.runtime.factories import conformance
+
+    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    local.info()  # as the client did once, to start
+    try:
+        assert _decode_loop(process) == _decode_loop(local)  # the probe last: B1's counts, pages, transfers
+        assert process.unsent["poll_completions"] > 0 and process.messages["poll_completions"] > 0
+    finally:
+        process.close()
+        local.close()
+
+
 def test_a_poll_crosses_while_a_transfer_is_in_flight_and_a_dead_process_is_lost_at_an_unsent_poll():
     client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance_threads")
     try:

@@ -90,9 +90,11 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                     for _ in range(args.cpu_warmup):
                         steps[name]()
                     splits[name].update(dict.fromkeys(CALLS, 0.0))
-                sent = sum(runtimes["process"].messages.values())
+                process = runtimes["process"]
+                sent, unsent = sum(process.messages.values()), sum(process.unsent.values())
                 timed = alternating(steps, args.cpu_steps)
-                messages = (sum(runtimes["process"].messages.values()) - sent) / args.cpu_steps
+                messages = (sum(process.messages.values()) - sent) / args.cpu_steps
+                unsent = (sum(process.unsent.values()) - unsent) / args.cpu_steps
                 rows.append(
                     Row(
                         SECTION,
@@ -107,12 +109,16 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                             "steps": args.cpu_steps,
                             "context": args.cpu_context,
                             "messages_per_step": messages,
+                            "calls_without_message_per_step": unsent,  # polls that must report nothing (client.py)
                             "per_call_us": {name: {k: v / args.cpu_steps * 1e6 for k, v in split.items()} for name, split in splits.items()},
                             "block_means_us": {name: [round(m * 1e6, 2) for m in side["block_means"]] for name, side in timed.items()},
                         },
                     )
                 )
                 if batch == args.process_batches[0]:
+                    # After execute_batch the process runtime answers polls itself (nothing in flight:
+                    # client.py); any other call's reply ends that, so each poll below crosses.
+                    runtimes["process"].wait_completions()
                     round_trip = {name: _mean_seconds(rt.poll_completions, args.cpu_steps) for name, rt in runtimes.items()}
                     rows.append(
                         Row(

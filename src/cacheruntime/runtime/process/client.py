@@ -3,14 +3,36 @@
 Control holds this client; the runtime process (`server.py`) holds a `LocalGPURuntime`
 with everything physical: slots, ReqToToken, the allocator, both pools, streams, events
 and the runner. The client imports no torch: what crosses is the protocol's frozen values,
-one request message per boundary call and one reply (B1), counted in `messages`.
+one request message per boundary call and one reply (B1), counted in `messages`, with one
+exception, counted in `unsent`: a `poll_completions` that the runtime process has said
+must report nothing (below) is answered here, and only its count crosses, inside the next
+message.
 
-Transport: ZeroMQ (pyzmq) REQ/REP over an `ipc://` socket in a private directory. ZeroMQ
-is what SGLang runs between its scheduler, tokenizer and detokenizer processes; it gives
-whole messages (no framing code here), a socket that can be polled together with a plain
-file descriptor (the process's exit sentinel, below), and a copy-free send of the bytes.
-Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, chosen by
-measurement: docs/process-runtime.md).
+A poll without a message. The reply of a successful `execute_batch` says whether a poll
+made now would report nothing and change nothing but the poll count (the server's
+`poll_reports_nothing`: no transfer in flight, no completion unreported or held, the
+machinery alive). Nothing in the runtime process can change that before the next message
+(transfers start only in calls), so every poll until the client's next message is answered
+`()` here (the process's exit sentinel checked first: a dead process is RuntimeLost at
+the poll, as before), and the next message carries how many there were: the runtime
+process makes those polls first, for real, so that B1's counts and everything else a later
+call or `probe()` observes are what they would have been. In a decode loop with nothing in
+flight this saves one round trip of three per step; a poll while transfers are in flight,
+or after any call but `execute_batch`, still crosses, since only the runtime process can
+see what finished.
+
+Transport: one Unix stream socket in a private directory (the runtime process connects to
+the client's), each message its length and then its bytes (`wire.send`, `wire.recv`),
+request and reply in strict turn. Its descriptor is polled together with the process's exit
+sentinel (below). ZeroMQ (REQ/REP over `ipc://`, what SGLang runs between its processes)
+was the first transport: its I/O threads put two thread hand-offs each way into every call,
+so one round trip cost 70-130 us on the H200 host (docs/benchmarks.md, `processsplit`): three
+a step were more than the ITL target's whole margin (3% of a 6.5 ms step, 195 us). On the
+development machine a ZeroMQ round trip of a 200-byte message took 66-156 us and the same
+over a plain Unix socket 25-37 us (both processes woken the same way), and the `process`
+bench's round-trip row went from 165-190 us to 77-98 us. It needs no package either.
+Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, a
+decode step's plan and completion as columns; chosen by measurement: docs/process-runtime.md).
 
 The client starts, supervises and stops the runtime process. It forks it from a fork
 server that has torch and the runtime already imported (`multiprocessing`'s forkserver
@@ -35,14 +57,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import select
 import shutil
+import socket
 import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import zmq
 
 from cacheruntime.protocol import (
     AbstractState,
@@ -86,12 +108,17 @@ class ProcessGPURuntime:
         self.start_timeout_s = start_timeout_s
         #: Request messages sent, per operation: one per boundary call (B1), never per token.
         self.messages: Counter[str] = Counter()
+        #: Boundary calls answered without a message, per operation (only `poll_completions`).
+        self.unsent: Counter[str] = Counter()
+        self._quiet = False  # the runtime process said a poll now reports nothing (execute_batch's reply)
+        self._unsent_polls = 0  # polls answered here since the last message: the next one carries them
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
         self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
         self._directory = tempfile.mkdtemp(prefix="cacheruntime-process-")
-        self._context = zmq.Context()
-        self._socket: zmq.Socket[bytes] | None = None
+        self._socket: socket.socket | None = None
         self._process: Any = None
+        #: Waits on the socket and the process's exit sentinel together; built once per process, not per call.
+        self._poller = select.poll()
         self._spawned = 0
         #: The generation each slot's next open would get, as far as control has seen (a new
         #: process continues from them: H2 holds across processes).
@@ -112,7 +139,7 @@ class ProcessGPURuntime:
     def _spawn(self, epoch: int) -> RuntimeInfo:
         """Fork a runtime process at `epoch` (continuing the generations seen), wait until it serves."""
         self._spawned += 1
-        endpoint = f"ipc://{self._directory}/runtime-{self._spawned}"
+        endpoint = os.path.join(self._directory, f"runtime-{self._spawned}")
         error_file = os.path.join(self._directory, f"start-error-{self._spawned}.txt")
         generations = tuple(self._generations.get(slot, 0) for slot in range(max(self._generations, default=-1) + 1))
         context = multiprocessing.get_context("forkserver")
@@ -122,29 +149,53 @@ class ProcessGPURuntime:
         process = context.Process(
             target=child.main, args=(endpoint, self.factory, self.options, epoch, generations, error_file), name="cacheruntime-runtime", daemon=True
         )
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            process.start()
-        except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
-            raise RuntimeStartFailed(f"the runtime process did not start: {error}") from error
-        self._process = process
-        self._socket = self._context.socket(zmq.REQ)
-        self._socket.connect(endpoint)
-        self.lost_cause = ""
-        try:
-            info = self._call("info", timeout_s=self.start_timeout_s)
-        except TimeoutError as error:
-            self._stop()
-            raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not serve within {self.start_timeout_s} s; it was killed") from error
-        except RuntimeFault as error:
-            why = Path(error_file).read_text().strip() if os.path.exists(error_file) else self.lost_cause
-            raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not start: {why}") from error
+            listener.bind(endpoint)
+            listener.listen(1)
+            try:
+                process.start()
+            except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
+                raise RuntimeStartFailed(f"the runtime process did not start: {error}") from error
+            self._process = process
+            self.lost_cause = ""
+            try:
+                self._socket = self._accept(listener)
+                info = self._call("info", timeout_s=self.start_timeout_s)
+            except TimeoutError as error:
+                self._stop()
+                raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not serve within {self.start_timeout_s} s; it was killed") from error
+            except RuntimeFault as error:
+                why = Path(error_file).read_text().strip() if os.path.exists(error_file) else self.lost_cause
+                raise RuntimeStartFailed(f"the runtime process ({self.factory}) did not start: {why}") from error
+        finally:
+            listener.close()
         return info  # type: ignore[no-any-return]
+
+    def _accept(self, listener: socket.socket) -> socket.socket:
+        """The new process's connection (it connects first thing), or its death (RuntimeFault), or TimeoutError."""
+        waiting = select.poll()
+        waiting.register(listener, select.POLLIN)
+        waiting.register(self._process.sentinel, select.POLLIN)
+        if not waiting.poll(self.start_timeout_s * 1000):
+            raise TimeoutError("connect")
+        listener.setblocking(False)
+        try:
+            link, _ = listener.accept()
+        except BlockingIOError:  # not a connection: the process ended before it connected
+            raise self._died("start") from None
+        link.setblocking(True)
+        self._poller = select.poll()
+        self._poller.register(link, select.POLLIN)
+        self._poller.register(self._process.sentinel, select.POLLIN)
+        return link
 
     def _lose(self, cause: str) -> None:
         """RuntimeLost: the runtime process is gone; drop the socket, reap the process."""
         self.lost_cause = cause
+        self._quiet, self._unsent_polls = False, 0  # polls of a lost epoch: nothing can count them now
         if self._socket is not None:
-            self._socket.close(linger=0)
+            self._socket.close()
             self._socket = None
         if self._process is not None:
             self._process.join(timeout=1.0)
@@ -162,30 +213,36 @@ class ProcessGPURuntime:
         if self._socket is None:
             raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
         try:
-            data = wire.dumps((operation, args, kwargs))
+            data = wire.dumps((operation, args, kwargs, self._unsent_polls))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
-        self._socket.send(data)
-        self.messages[operation] += 1
-        poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
-        poller.register(self._process.sentinel, zmq.POLLIN)
-        while True:
-            try:
-                ready = dict(poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
-            except BaseException:  # interrupted (Ctrl-C) with the call's outcome unknown: the runtime is lost to control
-                self.lost_cause = f"{operation} was interrupted; whether it ran is unknown"
-                self._stop()
-                raise
+        try:
+            wire.send(self._socket, data)
+            self.messages[operation] += 1
+            self._quiet, self._unsent_polls = False, 0
+            ready = self._poller.poll(None if timeout_s is None else timeout_s * 1000)
             if not ready:
                 raise TimeoutError(operation)
-            if self._socket in ready:
-                return wire.raise_reply(wire.loads(self._socket.recv()))
-            if self._process.sentinel in ready or not self._process.is_alive():
-                self._process.join(timeout=1.0)
-                pid, code = self._process.pid, self._process.exitcode
-                self._lose(f"the runtime process {pid} ended with exit code {code}")
-                raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
+            if self._socket.fileno() not in {fd for fd, _ in ready}:
+                raise self._died(operation)
+            reply = wire.loads(wire.recv(self._socket))
+        except (TimeoutError, RuntimeFault):  # TimeoutError is an OSError: not a closed socket
+            raise
+        except (EOFError, OSError):  # the process's end of the socket closed: it died
+            raise self._died(operation) from None
+        except BaseException:  # interrupted (Ctrl-C) with the call's outcome unknown: the runtime is lost to control
+            self.lost_cause = f"{operation} was interrupted; whether it ran is unknown"
+            self._stop()
+            raise
+        self._quiet = wire.quiet(reply)
+        return wire.raise_reply(reply)
+
+    def _died(self, operation: str) -> RuntimeFault:
+        """RuntimeLost: the runtime process ended; reap it and say so."""
+        self._process.join(timeout=1.0)
+        pid, code = self._process.pid, self._process.exitcode
+        self._lose(f"the runtime process {pid} ended with exit code {code}")
+        return RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
 
     def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -210,7 +267,6 @@ class ProcessGPURuntime:
         """Stop the runtime process if any, and give back the socket context and the socket directory."""
         self._stop()
         self.lost_cause = "closed"
-        self._context.term()
         shutil.rmtree(self._directory, ignore_errors=True)
 
     # -- the interface ------------------------------------------------------------------
@@ -252,7 +308,12 @@ class ProcessGPURuntime:
         return self._forward("submit", intents)  # type: ignore[no-any-return]
 
     def poll_completions(self) -> tuple[TransferCompletion, ...]:
-        return self._forward("poll_completions")  # type: ignore[no-any-return]
+        with self._lock:
+            if self._quiet and self._process is not None and not select.select([self._process.sentinel], [], [], 0)[0]:
+                self._unsent_polls += 1
+                self.unsent["poll_completions"] += 1
+                return ()
+            return self._call("poll_completions")  # type: ignore[no-any-return]
 
     def wait_completions(self) -> tuple[TransferCompletion, ...]:
         return self._forward("wait_completions")  # type: ignore[no-any-return]

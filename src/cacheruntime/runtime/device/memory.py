@@ -30,9 +30,10 @@ consecutive host pages in the list (measured on an H200 at page size 16,
 - **The page index of a backup is never an H2D copy.** A restore's list arrives in one
   pinned, non-blocking copy on its own (H2D) stream, ahead of its own copies. A backup's
   would be an H2D copy on the D2H stream, and it queues behind whatever restores occupy the
-  H2D copy engine: the backup then runs after them instead of beside them (0.53 of both
-  pinned copies at once, against 0.86-0.97 with the list read in place). So a kernel reads
-  the backup's list from pinned host memory and writes the row index on the device.
+  H2D copy engine: the backup then runs after them instead of beside them (0.51-0.55 of
+  both pinned copies at once at page size 16; read in place, the backup runs beside the
+  restore: 0.80-0.87). So a kernel reads the backup's list from pinned host memory and
+  writes the row index on the device.
 
 Ordering: both run with the runtime's transfer stream current (the "main" stream here)
 and end with that stream waiting for everything they issued: the event the runtime

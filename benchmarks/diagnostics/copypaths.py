@@ -6,11 +6,11 @@ Each 16-token page of the bench's KV shape (32 layers x 8 KV heads x 128 head di
 pages, as the transfer section lays them out) it times, with CUDA events, the median of
 `--reps` repetitions after one warm-up:
 
-- `runtime`: the runtime's own `KVMemory.restore`/`backup`, as it runs today (at run 1 the
-  UVA gather kernel, at run 8 the staged DMA: one copy per host run, then a scatter
-  (gather) of rows on the device); `runtime dma` and `runtime uva` force either routine of
-  the same code (`uva_max_run`), the latter being the zero-copy kernel reading pinned
-  host memory in place;
+- `runtime`: the runtime's own `KVMemory.restore`/`backup`, as it runs today (at run 1 one
+  `cudaMemcpy2DAsync` per page, at run 8 the staged DMA: one copy per host run, then a
+  scatter (gather) of rows on the device); `runtime dma` and `runtime uva` force the staged
+  routine or the zero-copy kernel reading pinned host memory in place (`uva_max_run`, and
+  the 2D copy off);
 - `baseline`: one pinned contiguous `copy_` of the same bytes (the transfer section's);
   `pieces 32KiB` / `pieces 2MiB`: the same contiguous buffer as that many `copy_` calls
   (what many small copies cost on the host alone);
@@ -466,20 +466,23 @@ def paths(
 ) -> dict[str, tuple[Callable[[str], Callable[[], None]], Callable[[str], Callable[[], None]]]]:
     """Each path's (restore, backup) issue functions, for extent "a" or "b"."""
     mem, pm = setup.mem, setup.page_major
-    default_uva = mem.uva_max_run
+    default_uva, default_cudart = mem.uva_max_run, mem.cudart
     l1, l2 = mem.l1_rows.data_ptr(), mem.l2_rows.data_ptr()
     pm_ptr, page_bytes = pm.data_ptr(), mem.page_bytes
 
-    def runtime(uva: float) -> tuple[Callable[[str], Callable[[], None]], Callable[[str], Callable[[], None]]]:
-        """The runtime's own routine with `uva_max_run` = `uva` for the call (its default restored after)."""
+    def runtime(uva: float, two_d: bool = True) -> tuple[Callable[[str], Callable[[], None]], Callable[[str], Callable[[], None]]]:
+        """The runtime's own routine with `uva_max_run` = `uva` for the call, and without its 2D copy
+        unless `two_d` (its defaults restored after)."""
 
         def with_uva(move: Callable[[list[int], list[int]], None], src: list[int], dst: list[int]) -> Callable[[], None]:
             def issue() -> None:
                 mem.uva_max_run = uva
+                if not two_d:
+                    mem.cudart = None
                 try:
                     move(src, dst)
                 finally:
-                    mem.uva_max_run = default_uva
+                    mem.uva_max_run, mem.cudart = default_uva, default_cudart
 
             return issue
 
@@ -507,7 +510,7 @@ def paths(
     table: dict[str, tuple[Callable, Callable]] = {
         "runtime": runtime(default_uva),
         "runtime dma": runtime(0.0),
-        "runtime uva": runtime(math.inf),
+        "runtime uva": runtime(math.inf, two_d=False),
         "page-major copy_": (lambda x: page_major_copy(x, True), lambda x: page_major_copy(x, False)),
     }
     if calls is not None:

@@ -5,6 +5,15 @@ Backups are queued in pieces of at most `piece_pages` pages and issued one piece
 batch ran since the last one; `wait_completions`, a restore reading a backup's host copy
 and `restart` issue what they need at once. Only when the D2H runs changes; what is
 reported, and in which order, does not.
+
+`submit` and `poll_completions` issue one piece even when no compute runs at that moment:
+compute runs only inside `execute_batch`, and the next one may start as soon as the call
+returns, so a whole backup issued there would be on the copy engine ahead of that batch's
+copies, which is what the pieces prevent. Where the caller blocks until the backups are done
+(`wait_completions`), nothing is left to protect, and the rest of each backup goes as one
+call. The pieces cost the copies nothing on the device: each piece's page index is read in
+place by a kernel (`KVMemory`), so a piece issued behind a restore's H2D copies starts when
+the piece before it ends, not after the restore.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class _TimedWire:
     """The server's wire, its decoding and encoding timed per operation."""
 
     def __init__(self, wire: Any, totals: Any, counts: Any):
-        self.OK, self.error_reply, self.send, self.recv, self._wire = wire.OK, wire.error_reply, wire.send, wire.recv, wire
+        self.OK, self.error_reply, self._wire = wire.OK, wire.error_reply, wire
         self._totals, self._counts, self._operation = totals, counts, ""
 
     def loads(self, data: bytes) -> Any:

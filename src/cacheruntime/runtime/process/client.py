@@ -22,8 +22,8 @@ or after any call but `execute_batch`, still crosses, since only the runtime pro
 see what finished.
 
 Transport: one Unix stream socket in a private directory (the runtime process connects to
-the client's), each message its length and then its bytes (`wire.send`, `wire.recv`),
-request and reply in strict turn. Its descriptor is polled together with the process's exit
+the client's), framed by the standard library's `multiprocessing.connection` (each message
+its length and then its bytes: `send_bytes`, `recv_bytes`), request and reply in strict turn. Its descriptor is polled together with the process's exit
 sentinel (below). ZeroMQ (REQ/REP over `ipc://`, what SGLang runs between its processes)
 was the first transport: its I/O threads put two thread hand-offs each way into every call,
 so one round trip cost 70-130 us on the H200 host (docs/benchmarks.md, `processsplit`): three
@@ -63,6 +63,7 @@ import socket
 import tempfile
 import threading
 from collections import Counter
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ class ProcessGPURuntime:
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
         self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
         self._directory = tempfile.mkdtemp(prefix="cacheruntime-process-")
-        self._socket: socket.socket | None = None
+        self._link: Connection | None = None
         self._process: Any = None
         #: Waits on the socket and the process's exit sentinel together; built once per process, not per call.
         self._poller = select.poll()
@@ -160,7 +161,7 @@ class ProcessGPURuntime:
             self._process = process
             self.lost_cause = ""
             try:
-                self._socket = self._accept(listener)
+                self._link = self._accept(listener)
                 info = self._call("info", timeout_s=self.start_timeout_s)
             except TimeoutError as error:
                 self._stop()
@@ -172,7 +173,7 @@ class ProcessGPURuntime:
             listener.close()
         return info  # type: ignore[no-any-return]
 
-    def _accept(self, listener: socket.socket) -> socket.socket:
+    def _accept(self, listener: socket.socket) -> Connection:
         """The new process's connection (it connects first thing), or its death (RuntimeFault), or TimeoutError."""
         waiting = select.poll()
         waiting.register(listener, select.POLLIN)
@@ -185,18 +186,19 @@ class ProcessGPURuntime:
         except BlockingIOError:  # not a connection: the process ended before it connected
             raise self._died("start") from None
         link.setblocking(True)
+        connection = Connection(link.detach())
         self._poller = select.poll()
-        self._poller.register(link, select.POLLIN)
+        self._poller.register(connection.fileno(), select.POLLIN)
         self._poller.register(self._process.sentinel, select.POLLIN)
-        return link
+        return connection
 
     def _lose(self, cause: str) -> None:
         """RuntimeLost: the runtime process is gone; drop the socket, reap the process."""
         self.lost_cause = cause
         self._quiet, self._unsent_polls = False, 0  # polls of a lost epoch: nothing can count them now
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        if self._link is not None:
+            self._link.close()
+            self._link = None
         if self._process is not None:
             self._process.join(timeout=1.0)
             self._process = None
@@ -210,22 +212,22 @@ class ProcessGPURuntime:
     def _call(self, operation: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """One boundary call: one request message, then the reply or the process's death, whichever comes first
         (`timeout_s`, for a process's first call only: TimeoutError if neither came by then)."""
-        if self._socket is None:
+        if self._link is None:
             raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
         try:
             data = wire.dumps((operation, args, kwargs, self._unsent_polls))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
         try:
-            wire.send(self._socket, data)
+            self._link.send_bytes(data)
             self.messages[operation] += 1
             self._quiet, self._unsent_polls = False, 0
             ready = self._poller.poll(None if timeout_s is None else timeout_s * 1000)
             if not ready:
                 raise TimeoutError(operation)
-            if self._socket.fileno() not in {fd for fd, _ in ready}:
+            if self._link.fileno() not in {fd for fd, _ in ready}:
                 raise self._died(operation)
-            reply = wire.loads(wire.recv(self._socket))
+            reply = wire.loads(self._link.recv_bytes())
         except (TimeoutError, RuntimeFault):  # TimeoutError is an OSError: not a closed socket
             raise
         except (EOFError, OSError):  # the process's end of the socket closed: it died
@@ -254,7 +256,7 @@ class ProcessGPURuntime:
         with self._lock:
             if self.lost_cause == "closed":
                 return
-            if self._socket is not None:
+            if self._link is not None:
                 try:
                     self._call("close")
                 except RuntimeFault:
@@ -322,7 +324,7 @@ class ProcessGPURuntime:
         """A live runtime restarts in place; a lost one (or one whose restart fails) is replaced by a new
         process at one past the last epoch control saw. Every old handle is stale either way."""
         with self._lock:
-            if self._socket is not None:
+            if self._link is not None:
                 try:
                     self._info = self._call("restart")
                     return self._info

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 import importlib
-import socket
+from multiprocessing.connection import Client
 from typing import Any
 
 from cacheruntime.recording import BOUNDARY_OPERATIONS
@@ -52,8 +52,7 @@ def poll_reports_nothing(runtime: LocalGPURuntime) -> bool:
 def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...]) -> None:
     """Connect to the client's socket at `endpoint`, build the runtime (continuing at `epoch` and
     `generations` when `epoch` > 0), then answer requests until `close` (or the client is gone)."""
-    link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    link.connect(endpoint)  # first: the client waits for it, then for the reply to its first call
+    link = Client(endpoint, family="AF_UNIX")  # first: the client waits for it, then for the reply to its first call
     runtime = build(factory, options)
     if epoch or any(generations):
         runtime.ledger.continue_lost(epoch, list(generations) + [0] * (runtime.max_requests - len(generations)))
@@ -66,12 +65,12 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     gc.freeze()
     try:
         while True:
-            operation, args, kwargs, unsent_polls = wire.loads(wire.recv(link))
+            operation, args, kwargs, unsent_polls = wire.loads(link.recv_bytes())
             for _ in range(unsent_polls):  # each reports nothing (poll_reports_nothing held): their counts and
                 runtime.poll_completions()  # their one effect, `pump_idle`'s flag, as if made in their turn
             if operation == "close":
                 runtime.close()
-                wire.send(link, wire.dumps((wire.OK, None)))
+                link.send_bytes(wire.dumps((wire.OK, None)))
                 return
             try:
                 if operation not in OPERATIONS:
@@ -81,7 +80,7 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                     reply += (True,)
             except Exception as error:
                 reply = wire.error_reply(error)
-            wire.send(link, wire.dumps(reply))
+            link.send_bytes(wire.dumps(reply))
     except EOFError:  # the client closed its end: nobody is left to serve
         runtime.close()
     finally:

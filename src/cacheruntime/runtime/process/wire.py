@@ -41,8 +41,6 @@ import copyreg
 import io
 import operator
 import pickle
-import socket
-import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
@@ -154,35 +152,6 @@ _DISPATCH.update({cls: _reducer(cls) for cls in vars(protocol).values() if isins
 _DISPATCH.update({BatchPlan: _reduce_plan, BatchCompletion: _reduce_completion})
 
 
-_LENGTH = struct.Struct("<Q")
-
-
-def send(link: socket.socket, data: bytes) -> None:
-    """One message on the stream: its length, then its bytes, in one system call without joining them."""
-    header = _LENGTH.pack(len(data))
-    sent = link.sendmsg((header, data))
-    if sent < len(header) + len(data):  # a large message the socket's buffer took in part
-        link.sendall(memoryview(header + data)[sent:])
-
-
-def recv(link: socket.socket) -> bytearray:
-    """The next message on the stream; EOFError if the other end closed it."""
-    (length,) = _LENGTH.unpack(_read(link, _LENGTH.size))
-    return _read(link, length)
-
-
-def _read(link: socket.socket, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = link.recv_into(view[got:])
-        if not n:
-            raise EOFError("the other end closed the socket")
-        got += n
-    return buffer
-
-
 def dumps(message: tuple[Any, ...]) -> bytes:
     """One message (a request or a reply) as bytes."""
     buffer = io.BytesIO()
@@ -192,7 +161,7 @@ def dumps(message: tuple[Any, ...]) -> bytes:
     return buffer.getvalue()
 
 
-def loads(data: bytes | bytearray) -> tuple[Any, ...]:
+def loads(data: bytes) -> tuple[Any, ...]:
     """The message `dumps` made of `data`."""
     message: tuple[Any, ...] = pickle.loads(data)
     return message

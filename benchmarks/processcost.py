@@ -22,7 +22,7 @@ local <= 1.03) and the GPU's idle time between steps with CUDA events, both ways
 rows of `benchmarks.processmodel`, which this section runs last.
 
 Runs on CPU in CI-sized form and on CUDA unchanged (scripts/gpu_all.sh); the GPU machine
-needs the [process] extra's wheels (pyzmq) carried, as it has no package installs.
+needs no wheels: the process runtime uses the standard library only.
 """
 
 from __future__ import annotations

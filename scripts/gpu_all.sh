@@ -26,11 +26,9 @@
 # CPU_AB_BASE=DIR also measures the CPU cost per decode step of the checkout DIR against
 # this tree, in alternating processes (scripts/cpu_ab.py), on CPU and CUDA, into $OUT/cpu_ab_*.json.
 # ProcessGPURuntime (issue 20: the bench section `process`, the main job with --runtime process)
-# needs the [process] extra's pyzmq (and msgspec for benchmarks/diagnostics/wireformat.py), which
-# the device machine cannot install: carry their wheels (for its Python and platform) into a
-# folder and set PROCESS_WHEELS=DIR; they are unpacked (outside $OUT) and put on PYTHONPATH.
-# Without them both process runs are skipped ($OUT/process/process_job.log says so). The device
-# machine's Python is 3.12: the wheels must be cp312 manylinux x86_64 ones.
+# needs the standard library only. PROCESS_WHEELS=DIR still unpacks wheels carried in DIR (outside
+# $OUT) onto PYTHONPATH, e.g. msgspec for benchmarks/diagnostics/wireformat.py; the device
+# machine's Python is 3.12, so they must be cp312 manylinux x86_64 ones.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${OUT:?set OUT}"
@@ -55,14 +53,11 @@ process=0
 mkdir -p "$ROOT/process"
 if [[ "${PROCESS:-1}" == 0 ]]; then
   echo "skipped (PROCESS=0)" >"$ROOT/process/process_job.log"
-elif "$PYTHON" -c "import zmq" 2>/dev/null; then
+else
   # The main job with the runtime (torch, CUDA) in a runtime process; control imports no torch.
   PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "import sys; from cacheruntime.cli import main; rc = main(['run', '--runtime', 'process', '--device', 'cuda', '--quiet']); print('control imported torch:', 'torch' in sys.modules); sys.exit(rc or ('torch' in sys.modules))" >"$ROOT/process/process_job.log" 2>&1
   process=$?
   PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cacheruntime.cli bench --device cuda --only process --json "$ROOT/process/process-bench.json" >"$ROOT/process/process-bench.log" 2>&1 || process=1
-else
-  echo "pyzmq not importable: set PROCESS_WHEELS (see the top of this script)" >"$ROOT/process/process_job.log"
-  process=1
 fi
 model=0
 if [[ "${MODEL:-1}" != 0 ]]; then

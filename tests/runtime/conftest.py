@@ -10,6 +10,7 @@ from runtimekit import new_twin
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

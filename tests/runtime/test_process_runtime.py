@@ -132,6 +132,23 @@ def test_polls_answered_without_a_message_leave_every_result_and_the_state_as_in
         local.close()
 
 
+def test_sides_that_spin_before_they_sleep_give_the_same_results_and_still_see_a_death_at_once():
+    from cacheruntime.runtime.factories import conformance
+
+    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance", spin_us=5000)
+    local.info()
+    try:
+        assert _decode_loop(process) == _decode_loop(local)
+        os.kill(process.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(RuntimeFault, match="gone"):
+            process.open_request()
+        assert time.monotonic() - started < 2  # the spin ends at the exit sentinel, not at its deadline
+    finally:
+        process.close()
+        local.close()
+
+
 def test_a_poll_crosses_while_a_transfer_is_in_flight_and_a_dead_process_is_lost_at_an_unsent_poll():
     client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance_threads")
     try:

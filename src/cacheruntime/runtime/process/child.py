@@ -12,11 +12,11 @@ import traceback
 from typing import Any
 
 
-def main(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...], error_file: str) -> None:
+def main(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...], error_file: str, spin_s: float = 0.0) -> None:
     try:
         from cacheruntime.runtime.process.server import serve
 
-        serve(endpoint, factory, options, epoch, generations)
+        serve(endpoint, factory, options, epoch, generations, spin_s)
     except BaseException:
         with open(error_file, "w") as out:
             out.write(traceback.format_exc())

@@ -62,6 +62,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections import Counter
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -95,15 +96,18 @@ class RuntimeStartFailed(RuntimeFault):
 
 
 class ProcessGPURuntime:
-    """A GPU cache runtime in a child process, driven over ZeroMQ; `factory` builds it there.
+    """A GPU cache runtime in a child process, driven over a Unix socket; `factory` builds it there.
 
     `factory` is "module:function" returning a `LocalGPURuntime`, called in the runtime
     process with `options`; both must be importable and picklable without torch here.
     """
 
-    def __init__(self, factory: str = "cacheruntime.runtime.factories:local", *, start_timeout_s: float = 600.0, **options: Any):
+    def __init__(self, factory: str = "cacheruntime.runtime.factories:local", *, start_timeout_s: float = 600.0, spin_us: float = 0.0, **options: Any):
         self.factory = factory
         self.options = options
+        #: How long each side busy-polls the socket for the other's next message before it sleeps
+        #: in the kernel (0: it sleeps at once). See `_wait_reply`.
+        self.spin_s = spin_us / 1e6
         #: How long a new runtime process may take to serve its first call (the runtime's
         #: construction: a device's context, a model's weights) before it counts as hung.
         self.start_timeout_s = start_timeout_s
@@ -148,7 +152,10 @@ class ProcessGPURuntime:
         from cacheruntime.runtime.process import child
 
         process = context.Process(
-            target=child.main, args=(endpoint, self.factory, self.options, epoch, generations, error_file), name="cacheruntime-runtime", daemon=True
+            target=child.main,
+            args=(endpoint, self.factory, self.options, epoch, generations, error_file, self.spin_s),
+            name="cacheruntime-runtime",
+            daemon=True,
         )
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -222,7 +229,7 @@ class ProcessGPURuntime:
             self._link.send_bytes(data)
             self.messages[operation] += 1
             self._quiet, self._unsent_polls = False, 0
-            ready = self._poller.poll(None if timeout_s is None else timeout_s * 1000)
+            ready = self._wait_reply(timeout_s)
             if not ready:
                 raise TimeoutError(operation)
             if self._link.fileno() not in {fd for fd, _ in ready}:
@@ -238,6 +245,21 @@ class ProcessGPURuntime:
             raise
         self._quiet = wire.quiet(reply)
         return wire.raise_reply(reply)
+
+    def _wait_reply(self, timeout_s: float | None) -> list[tuple[int, int]]:
+        """The reply's (or the process's death's) poll events; none if `timeout_s` passed first.
+
+        With `spin_s`, it first busy-polls that long: a thread that sleeps in the kernel wakes up
+        on a core that may have gone into a deep idle state, and a serving engine's processes
+        avoid that wait the same way (SGLang's scheduler polls its sockets without blocking
+        while it has work; vLLM's shared-memory queue spins before it sleeps)."""
+        if self.spin_s:
+            deadline = time.perf_counter() + self.spin_s
+            while time.perf_counter() < deadline:
+                ready = self._poller.poll(0)
+                if ready:
+                    return ready
+        return self._poller.poll(None if timeout_s is None else timeout_s * 1000)
 
     def _died(self, operation: str) -> RuntimeFault:
         """RuntimeLost: the runtime process ended; reap it and say so."""

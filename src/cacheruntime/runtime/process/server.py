@@ -1,4 +1,4 @@
-"""The runtime process of `ProcessGPURuntime`: a `LocalGPURuntime` that serves one client over ZeroMQ.
+"""The runtime process of `ProcessGPURuntime`: a `LocalGPURuntime` that serves one client over a Unix socket.
 
 The whole physical domain lives here (slots, ReqToToken, allocator, pools, streams, the
 runner): the client only ever sends one request message per boundary call and gets one
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import gc
 import importlib
-from multiprocessing.connection import Client
+import select
+import time
+from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from cacheruntime.recording import BOUNDARY_OPERATIONS
@@ -49,10 +51,22 @@ def poll_reports_nothing(runtime: LocalGPURuntime) -> bool:
     return not (state.transfers or state.unreported or ledger.held or state.lost) and runtime.device_layer.alive()
 
 
-def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...]) -> None:
+def receive(link: Connection, poller: select.poll, spin_s: float) -> bytes:
+    """The next request, busy-polling for it `spin_s` before sleeping (the client's `_wait_reply` says why)."""
+    if spin_s:
+        deadline = time.perf_counter() + spin_s
+        while not poller.poll(0) and time.perf_counter() < deadline:
+            pass
+    return link.recv_bytes()
+
+
+def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...], spin_s: float = 0.0) -> None:
     """Connect to the client's socket at `endpoint`, build the runtime (continuing at `epoch` and
-    `generations` when `epoch` > 0), then answer requests until `close` (or the client is gone)."""
-    link = Client(endpoint, family="AF_UNIX")  # first: the client waits for it, then for the reply to its first call
+    `generations` when `epoch` > 0), then answer requests until `close` (or the client is gone),
+    busy-polling for each `spin_s` before sleeping."""
+    link = Client(endpoint, family="AF_UNIX")
+    poller = select.poll()
+    poller.register(link.fileno(), select.POLLIN)  # first: the client waits for it, then for the reply to its first call
     runtime = build(factory, options)
     if epoch or any(generations):
         runtime.ledger.continue_lost(epoch, list(generations) + [0] * (runtime.max_requests - len(generations)))
@@ -65,7 +79,7 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     gc.freeze()
     try:
         while True:
-            operation, args, kwargs, unsent_polls = wire.loads(link.recv_bytes())
+            operation, args, kwargs, unsent_polls = wire.loads(receive(link, poller, spin_s))
             for _ in range(unsent_polls):  # each reports nothing (poll_reports_nothing held): their counts and
                 runtime.poll_completions()  # their one effect, `pump_idle`'s flag, as if made in their turn
             if operation == "close":

@@ -1,0 +1,207 @@
+"""Where the process runtime's extra host time per decode step goes, on the real model: a diagnostic, not a row.
+
+The `process` section's decode loop (the Llama runner, B rows of `--context` tokens, prepare +
+execute + poll per step) runs on `LocalGPURuntime` in-process and on `ProcessGPURuntime`
+(once per `--spin-us` value), one after the other. Every boundary operation and every runner
+forward is stamped with `time.perf_counter_ns()` where it runs; on Linux that is
+CLOCK_MONOTONIC, one clock for both processes, so a call's stamps in control and in the runtime
+process can be subtracted. Printed per configuration, the mean microseconds per step of:
+
+- step: one whole step in control;
+- <op> client: the call as control sees it; req/op/rep: control's call to the operation's start
+  in the runtime (encoding, the link, waking, decoding), the operation itself, its end to the
+  call's return (the same on the way back);
+- pre-fwd: execute's start to the runner's forward call; fwd-call: the forward call's host time
+  (launching the model); post-fwd: the forward's return to execute's end (the wait for the GPU,
+  reading the tokens, committing).
+
+    PYTHONPATH=src python3 -m benchmarks.diagnostics.processgap --batches 16,64 --spin-us 0,1000,20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+OPERATIONS = ("prepare_batch", "execute_batch", "poll_completions")
+
+
+class StampedRunner:
+    """The runner it wraps, with each forward's host call stamped (start, end) in `stamps`."""
+
+    def __init__(self, inner: Any, stamps: list[tuple[str, int, int]]):
+        self.inner, self.stamps = inner, stamps
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def forward(self, *args: Any) -> Any:
+        t = time.perf_counter_ns()
+        out = self.inner.forward(*args)
+        self.stamps.append(("forward", t, time.perf_counter_ns()))
+        return out
+
+
+def stamp_operations(target: Any, stamps: list[tuple[str, int, int]]) -> None:
+    """Replace `target`'s decode-step operations by ones that stamp each call into `stamps`."""
+    for name in OPERATIONS:
+        fn = getattr(target, name)
+
+        def call(*args: Any, _fn: Any = fn, _name: str = name) -> Any:
+            t = time.perf_counter_ns()
+            try:
+                return _fn(*args)
+            finally:
+                stamps.append((_name, t, time.perf_counter_ns()))
+
+        setattr(target, name, call)
+
+
+def stamped_runtime(stamps_path: str, **options: Any) -> Any:
+    """The `process` section's Llama runtime with its operations and forwards stamped; the stamps
+    are written to `stamps_path` at close (the runtime process has no other way out)."""
+    from benchmarks.processmodel import llama_runtime
+
+    stamps: list[tuple[str, int, int]] = []
+    runtime = llama_runtime(**options)
+    runtime.device_layer.runner = StampedRunner(runtime.device_layer.runner, stamps)
+    stamp_operations(runtime, stamps)
+    close = runtime.close
+
+    def close_and_write() -> None:
+        Path(stamps_path).write_text(json.dumps(stamps))
+        close()
+
+    runtime.close = close_and_write
+    return runtime
+
+
+def machine() -> str:
+    """What decides a sleeping thread's wake-up: CPUs, governor, idle states and their exit latencies."""
+    import torch
+
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return "?"
+
+    states = []
+    for state in sorted(Path("/sys/devices/system/cpu/cpu0/cpuidle").glob("state*")):
+        states.append(f"{read(str(state / 'name'))}:{read(str(state / 'latency'))}us")
+    return (
+        f"cpus {os.cpu_count()}, affinity {len(os.sched_getaffinity(0))}, torch threads {torch.get_num_threads()}, "
+        f"governor {read('/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor')}, "
+        f"idle driver {read('/sys/devices/system/cpu/cpuidle/current_driver')}, idle states {' '.join(states) or '?'}"
+    )
+
+
+def run_steps(rt: Any, batch: int, context: int, warmup: int, steps: int, control: list[tuple[str, int, int]]) -> None:
+    """Fill `batch` rows of `context` tokens, then `warmup` + `steps` decode steps; the last `steps` stamped in `control`."""
+    from cacheruntime.protocol import BatchItem, BatchPlan
+
+    requests = [rt.open_request() for _ in range(batch)]
+    for i in range(0, batch, 8):
+        rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * context) for r in requests[i : i + 8]))))
+    plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
+    for step in range(warmup + steps):
+        t = time.perf_counter_ns()
+        handle = rt.prepare_batch(plan)
+        t1 = time.perf_counter_ns()
+        rt.execute_batch(handle)
+        t2 = time.perf_counter_ns()
+        rt.poll_completions()
+        t3 = time.perf_counter_ns()
+        if step >= warmup:
+            control += [("step", t, t3), ("prepare_batch", t, t1), ("execute_batch", t1, t2), ("poll_completions", t2, t3)]
+
+
+def split(control: list[tuple[str, int, int]], runtime: list[tuple[str, int, int]], steps: int) -> dict[str, float]:
+    """Mean microseconds per step of each part (the module's docstring), matching each control
+    call to the runtime's stamp of the same operation that lies inside it."""
+    sums: dict[str, float] = {}
+
+    def add(key: str, ns: int) -> None:
+        sums[key] = sums.get(key, 0.0) + ns / 1e3 / steps
+
+    inner = sorted(runtime, key=lambda s: s[1])
+    for name, start, end in control:
+        add(name if name == "step" else f"{name[:7]} client", end - start)
+        if name == "step":
+            continue
+        ops = [s for s in inner if s[0] == name and start <= s[1] and s[2] <= end]
+        if not ops:
+            continue  # a poll answered by the client without a message
+        _, os_, oe = ops[0]
+        add(f"{name[:7]} req", os_ - start)
+        add(f"{name[:7]} op", oe - os_)
+        add(f"{name[:7]} rep", end - oe)
+        if name == "execute_batch":
+            forwards = [s for s in inner if s[0] == "forward" and os_ <= s[1] and s[2] <= oe]
+            if forwards:
+                _, fs, fe = forwards[0]
+                add("pre-fwd", fs - os_)
+                add("fwd-call", fe - fs)
+                add("post-fwd", oe - fe)
+    return sums
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--config", default="llama3-8b")
+    parser.add_argument("--batches", default="16,64")
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--spin-us", default="0,1000,20000", help="spin windows (us) of the process runs")
+    parser.add_argument("--page-size", type=int, default=16)
+    args = parser.parse_args()
+    from benchmarks.harness import close_runtime
+    from cacheruntime.runtime.process import ProcessGPURuntime
+
+    print(f"# {machine()}", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="cacheruntime-processgap-"))
+    for batch in (int(b) for b in args.batches.split(",")):
+        page = args.page_size
+        max_tokens = -(-(args.context + args.warmup + args.steps + 1) // page) * page + page
+        options = dict(
+            device=args.device,
+            seed=0,
+            config_name=args.config,
+            page_size=page,
+            max_requests=batch,
+            max_request_tokens=max_tokens,
+            l1_pages=batch * (max_tokens // page) + 2,
+            l2_pages=0,
+        )
+        results = {}
+        for label in ["local"] + [f"process spin {s} us" for s in args.spin_us.split(",")]:
+            path = str(workdir / f"stamps-B{batch}-{len(results)}.json")
+            control: list[tuple[str, int, int]] = []
+            if label == "local":
+                rt = stamped_runtime(path, **options)
+                run_steps(rt, batch, args.context, args.warmup, args.steps, control)
+                close_runtime(rt)
+            else:
+                rt = ProcessGPURuntime("benchmarks.diagnostics.processgap:stamped_runtime", spin_us=float(label.split()[2]), stamps_path=path, **options)
+                run_steps(rt, batch, args.context, args.warmup, args.steps, control)
+                rt.close()
+            results[label] = split(control, json.loads(Path(path).read_text()), args.steps)
+            print(f"B={batch} {label}: " + json.dumps({k: round(v, 1) for k, v in results[label].items()}), flush=True)
+        keys = list(results["local"]) + [k for r in results.values() for k in r if k not in results["local"]]
+        keys = list(dict.fromkeys(keys))
+        print(f"B={batch}, mean us per step over {args.steps} steps:")
+        print("  " + "part".ljust(16) + "".join(label.replace("process spin ", "spin ").rjust(14) for label in results))
+        for key in keys:
+            print("  " + key.ljust(16) + "".join(f"{results[label].get(key, float('nan')):14.1f}" for label in results))
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()

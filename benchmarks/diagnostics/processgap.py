@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--spin-us", default="0,1000,20000", help="spin windows (us) of the process runs")
-    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--page-size", type=int, default=128, help="128 on CUDA: the compiled attention kernel's page")
     args = parser.parse_args()
     from benchmarks.harness import close_runtime
     from cacheruntime.runtime.process import ProcessGPURuntime

@@ -7,10 +7,12 @@ forward is stamped with `time.perf_counter_ns()` where it runs; on Linux that is
 CLOCK_MONOTONIC, one clock for both processes, so a call's stamps in control and in the runtime
 process can be subtracted. Printed per configuration, the mean microseconds per step of:
 
-- step: one whole step in control;
-- <op> client: the call as control sees it; req/op/rep: control's call to the operation's start
-  in the runtime (encoding, the link, waking, decoding), the operation itself, its end to the
-  call's return (the same on the way back);
+- step: one whole step in control; <op> client: the call as control sees it;
+- <op> op: the operation itself where it runs; <op> replayed poll: the polls the client answered
+  without a message, made by the runtime process before the operation (`client.py`);
+- <op> c.dumps, c.loads, s.dumps, s.loads: encoding and decoding in control (c) and in the
+  runtime process (s); <op> gc: the collector's pauses inside the call, in either process;
+- <op> rest: the call less all of the above but gc: the socket, and each side waking up;
 - pre-fwd: execute's start to the runner's forward call; fwd-call: the forward call's host time
   (launching the model); post-fwd: the forward's return to execute's end (the wait for the GPU,
   reading the tokens, committing).
@@ -21,6 +23,7 @@ process can be subtracted. Printed per configuration, the mean microseconds per 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import tempfile
@@ -29,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 OPERATIONS = ("prepare_batch", "execute_batch", "poll_completions")
+#: set in the environment the runtime process inherits, so its factory stamps its side of the link
+IN_RUNTIME_PROCESS = "CACHERUNTIME_PROCESSGAP_SERVER"
 
 
 class StampedRunner:
@@ -62,6 +67,41 @@ def stamp_operations(target: Any, stamps: list[tuple[str, int, int]]) -> None:
         setattr(target, name, call)
 
 
+class StampedWire:
+    """A process's `wire` module with its encoding and decoding stamped as `<side>.dumps`/`<side>.loads`."""
+
+    def __init__(self, wire: Any, stamps: list[tuple[str, int, int]], side: str):
+        self._wire, self._stamps, self._side = wire, stamps, side
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wire, name)
+
+    def dumps(self, message: Any) -> bytes:
+        t = time.perf_counter_ns()
+        data: bytes = self._wire.dumps(message)
+        self._stamps.append((self._side + ".dumps", t, time.perf_counter_ns()))
+        return data
+
+    def loads(self, data: bytes) -> Any:
+        t = time.perf_counter_ns()
+        message = self._wire.loads(data)
+        self._stamps.append((self._side + ".loads", t, time.perf_counter_ns()))
+        return message
+
+
+def stamp_collections(stamps: list[tuple[str, int, int]]) -> None:
+    """Stamp each of this process's garbage collections as `gc`."""
+    started = [0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter_ns()
+        else:
+            stamps.append(("gc", started[0], time.perf_counter_ns()))
+
+    gc.callbacks.append(callback)
+
+
 def stamped_runtime(stamps_path: str, **options: Any) -> Any:
     """The `process` section's Llama runtime with its operations and forwards stamped; the stamps
     are written to `stamps_path` at close (the runtime process has no other way out)."""
@@ -71,6 +111,11 @@ def stamped_runtime(stamps_path: str, **options: Any) -> Any:
     runtime = llama_runtime(**options)
     runtime.device_layer.runner = StampedRunner(runtime.device_layer.runner, stamps)
     stamp_operations(runtime, stamps)
+    if os.environ.get(IN_RUNTIME_PROCESS):  # the runtime process's side of the link, and its collector
+        from cacheruntime.runtime.process import server
+
+        server.wire = StampedWire(server.wire, stamps, "s")  # type: ignore[attr-defined]
+        stamp_collections(stamps)
     close = runtime.close
 
     def close_and_write() -> None:
@@ -121,30 +166,34 @@ def run_steps(rt: Any, batch: int, context: int, warmup: int, steps: int, contro
             control += [("step", t, t3), ("prepare_batch", t, t1), ("execute_batch", t1, t2), ("poll_completions", t2, t3)]
 
 
-def split(control: list[tuple[str, int, int]], runtime: list[tuple[str, int, int]], steps: int) -> dict[str, float]:
-    """Mean microseconds per step of each part (the module's docstring), matching each control
-    call to the runtime's stamp of the same operation that lies inside it."""
+def split(control: list[tuple[str, int, int]], stamps: list[tuple[str, int, int]], steps: int) -> dict[str, float]:
+    """Mean microseconds per step of each part (the module's docstring): every stamp, in either
+    process, that lies inside a control call counts for that call."""
     sums: dict[str, float] = {}
 
     def add(key: str, ns: int) -> None:
         sums[key] = sums.get(key, 0.0) + ns / 1e3 / steps
 
-    inner = sorted(runtime, key=lambda s: s[1])
+    stamps = sorted(stamps, key=lambda s: s[1])
     for name, start, end in control:
-        add(name if name == "step" else f"{name[:7]} client", end - start)
         if name == "step":
+            add("step", end - start)
             continue
-        ops = [s for s in inner if s[0] == name and start <= s[1] and s[2] <= end]
-        if not ops:
-            continue  # a poll answered by the client without a message
-        _, os_, oe = ops[0]
-        add(f"{name[:7]} req", os_ - start)
-        add(f"{name[:7]} op", oe - os_)
-        add(f"{name[:7]} rep", end - oe)
+        short = name[:7]
+        add(f"{short} client", end - start)
+        parts = 0
+        for kind, s0, s1 in (s for s in stamps if start <= s[1] and s[2] <= end):
+            if kind == "forward":
+                continue
+            key = "op" if kind == name else "replayed poll" if kind == "poll_completions" else kind
+            add(f"{short} {key}", s1 - s0)
+            parts += 0 if kind == "gc" else s1 - s0
+        add(f"{short} rest", end - start - parts)
         if name == "execute_batch":
-            forwards = [s for s in inner if s[0] == "forward" and os_ <= s[1] and s[2] <= oe]
-            if forwards:
-                _, fs, fe = forwards[0]
+            ops = [s for s in stamps if s[0] == name and start <= s[1] and s[2] <= end]
+            forwards = [s for s in stamps if s[0] == "forward" and start <= s[1] and s[2] <= end]
+            if ops and forwards:
+                (_, os_, oe), (_, fs, fe) = ops[0], forwards[0]
                 add("pre-fwd", fs - os_)
                 add("fwd-call", fe - fs)
                 add("post-fwd", oe - fe)
@@ -163,7 +212,8 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=128, help="128 on CUDA: the compiled attention kernel's page")
     args = parser.parse_args()
     from benchmarks.harness import close_runtime
-    from cacheruntime.runtime.process import ProcessGPURuntime
+    from cacheruntime.runtime.process import ProcessGPURuntime, wire
+    from cacheruntime.runtime.process import client as client_module
 
     print(f"# {machine()}", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="cacheruntime-processgap-"))
@@ -184,15 +234,22 @@ def main() -> None:
         for label in ["local"] + [f"process spin {s} us" for s in args.spin_us.split(",")]:
             path = str(workdir / f"stamps-B{batch}-{len(results)}.json")
             control: list[tuple[str, int, int]] = []
+            mine: list[tuple[str, int, int]] = []  # this process's own stamps: its collector, its side of the link
+            stamp_collections(mine)
             if label == "local":
                 rt = stamped_runtime(path, **options)
                 run_steps(rt, batch, args.context, args.warmup, args.steps, control)
                 close_runtime(rt)
             else:
+                client_module.wire = StampedWire(wire, mine, "c")  # type: ignore[attr-defined]
+                os.environ[IN_RUNTIME_PROCESS] = "1"
                 rt = ProcessGPURuntime("benchmarks.diagnostics.processgap:stamped_runtime", spin_us=float(label.split()[2]), stamps_path=path, **options)
+                del os.environ[IN_RUNTIME_PROCESS]
                 run_steps(rt, batch, args.context, args.warmup, args.steps, control)
                 rt.close()
-            results[label] = split(control, json.loads(Path(path).read_text()), args.steps)
+                client_module.wire = wire  # type: ignore[attr-defined]
+            gc.callbacks.clear()
+            results[label] = split(control, json.loads(Path(path).read_text()) + mine, args.steps)
             print(f"B={batch} {label}: " + json.dumps({k: round(v, 1) for k, v in results[label].items()}), flush=True)
         keys = list(results["local"]) + [k for r in results.values() for k in r if k not in results["local"]]
         keys = list(dict.fromkeys(keys))

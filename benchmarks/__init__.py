@@ -167,6 +167,7 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "process_model_context": (2048, 2048, 32, 16),
     "process_model_steps": (60, 20, 6, 3),
     "process_model_idle_steps": (40, 10, 4, 2),
+    "process_model_spin_us": ([0, 20000], [0, 20000], [0, 1000], [0, 1000]),
     "cpu_warmup": (4, 2, 2, 1),
     "cpu_context": (1024, 1024, 256, 32),
     "cpu_page_size": (16, 16, 16, 16),

@@ -5,7 +5,10 @@ of the Llama runner's KV (`process_model_config`, the model section's preset), t
 one token a step through the protocol (prepare + execute + poll, as a scheduler does).
 `LocalGPURuntime` in the control process and `ProcessGPURuntime` driving the same factory
 run side by side in alternating blocks (`cpucost.alternating`), so drift cancels. ITL is the
-host time of one step; target process over local <= 1.03 (issue 20).
+host time of one step; target process over local <= 1.03 (issue 20). The process runtime runs
+once per spin window (`process_model_spin_us`): 0, each side sleeps in the kernel as soon as it
+waits for the other; 20000, each busy-polls for up to 20 ms first, as a serving engine's
+processes do (`client.py`, `_wait_reply`), so neither wakes from an idle core within a step.
 
 The essay's reason to split is then measured where it matters, on the GPU: the runner is
 wrapped in `StepTimeline`, which records a CUDA event before and after each decode forward
@@ -104,29 +107,44 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
             context = args.process_model_context
             max_tokens = -(-(context + decode_steps + 1) // page) * page + page
             sizes = dict(page_size=page, max_requests=batch, max_request_tokens=max_tokens, l1_pages=batch * (max_tokens // page) + 2, l2_pages=0)
-            paths = {name: str(workdir / f"timeline-{name}-B{batch}.json") for name in ("process", "local")}
-            runtimes = _both(args, device, cuda, paths, decode_steps, sizes)
+            names = ["local", *(_process_name(spin) for spin in args.process_model_spin_us)]
+            paths = {name: str(workdir / f"timeline-{name.replace(' ', '-')}-B{batch}.json") for name in names}
+            runtimes = _all(args, device, cuda, paths, decode_steps, sizes)
             try:
                 _measure(args, runtimes, paths if cuda else None, batch, context, (warmup, steps, idle), rows)
             finally:
-                runtimes["process"].close()
-                close_runtime(runtimes["local"])
+                _close(runtimes)
 
 
-def _both(args: Any, device: torch.device, cuda: bool, paths: dict[str, str], decode_steps: int, sizes: dict[str, Any]) -> dict[str, Any]:
+def _process_name(spin_us: int) -> str:
+    return f"process, spin {spin_us} us"
+
+
+def _close(runtimes: dict[str, Any]) -> None:
+    for name, runtime in runtimes.items():
+        if name == "local":
+            close_runtime(runtime)
+        else:
+            runtime.close()
+
+
+def _all(args: Any, device: torch.device, cuda: bool, paths: dict[str, str], decode_steps: int, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The local runtime, then one process runtime per spin window, keyed by their names."""
     from cacheruntime.runtime.process import ProcessGPURuntime
 
     def options(name: str) -> dict[str, Any]:
         timeline = dict(timeline=paths[name], decode_steps=decode_steps) if cuda else {}
         return dict(device=str(device), seed=args.seed, config_name=args.process_model_config, **timeline, **sizes)
 
-    local = llama_runtime(**options("local"))
+    runtimes = {"local": llama_runtime(**options("local"))}
     try:
-        process = ProcessGPURuntime(FACTORY, **options("process"))
+        for spin in args.process_model_spin_us:
+            name = _process_name(spin)
+            runtimes[name] = ProcessGPURuntime(FACTORY, spin_us=spin, **options(name))
     except BaseException:
-        close_runtime(local)
+        _close(runtimes)
         raise
-    return {"process": process, "local": local}
+    return runtimes
 
 
 def _measure(
@@ -145,26 +163,28 @@ def _measure(
         splits[name] = dict.fromkeys(CALLS, 0.0)
     sides = {name: (lambda rt=rt, name=name: timed_step(rt, plans[name], splits[name])) for name, rt in runtimes.items()}
     timed = alternating(sides, steps)
-    rows.append(
-        Row(
-            SECTION,
-            f"decode ITL B={batch}, context {context}, {args.process_model_config} runner, process runtime",
-            "ms",
-            timed["process"]["seconds"] * 1e3,
-            timed["local"]["seconds"] * 1e3,
-            "LocalGPURuntime in-process, same steps",
-            "ratio",
-            "<=",
-            1.03,
-            detail={
-                "batch": batch,
-                "context": context,
-                "steps": steps,
-                "per_call_us": {name: {k: v / steps * 1e6 for k, v in split.items()} for name, split in splits.items()},
-                "block_means_ms": {name: [round(m * 1e3, 3) for m in side["block_means"]] for name, side in timed.items()},
-            },
+    processes = [name for name in runtimes if name != "local"]
+    for name in processes:
+        rows.append(
+            Row(
+                SECTION,
+                f"decode ITL B={batch}, context {context}, {args.process_model_config} runner, {name}",
+                "ms",
+                timed[name]["seconds"] * 1e3,
+                timed["local"]["seconds"] * 1e3,
+                "LocalGPURuntime in-process, same steps",
+                "ratio",
+                "<=",
+                1.03,
+                detail={
+                    "batch": batch,
+                    "context": context,
+                    "steps": steps,
+                    "per_call_us": {side: {k: v / steps * 1e6 for k, v in splits[side].items()} for side in (name, "local")},
+                    "block_means_ms": {side: [round(m * 1e3, 3) for m in timed[side]["block_means"]] for side in (name, "local")},
+                },
+            )
         )
-    )
     if paths is None:
         return
     matcher = Matcher(args.cpu_page_size, args.seed)
@@ -190,25 +210,26 @@ def _measure(
         matcher.stopped = True
         matcher.running.set()
         matcher.join()
-    for phase, words in (("quiet", "control quiet"), ("busy", "a control thread matching prefixes")):
-        process, local = gaps["process"][phase], gaps["local"][phase]
-        rows.append(
-            Row(
-                SECTION,
-                f"GPU idle between decode steps B={batch} ({words}), process runtime",
-                "ms",
-                statistics.mean(process),
-                statistics.mean(local),
-                "LocalGPURuntime in-process",
-                detail={
-                    "batch": batch,
-                    "gaps": len(process),
-                    "p50_ms": {"process": statistics.median(process), "local": statistics.median(local)},
-                    "max_ms": {"process": max(process), "local": max(local)},
-                    "forward_ms_mean": {name: gaps[name]["forward_" + phase] for name in gaps},
-                },
+    for name in processes:
+        for phase, words in (("quiet", "control quiet"), ("busy", "a control thread matching prefixes")):
+            process, local = gaps[name][phase], gaps["local"][phase]
+            rows.append(
+                Row(
+                    SECTION,
+                    f"GPU idle between decode steps B={batch} ({words}), {name}",
+                    "ms",
+                    statistics.mean(process),
+                    statistics.mean(local),
+                    "LocalGPURuntime in-process",
+                    detail={
+                        "batch": batch,
+                        "gaps": len(process),
+                        "p50_ms": {"process": statistics.median(process), "local": statistics.median(local)},
+                        "max_ms": {"process": max(process), "local": max(local)},
+                        "forward_ms_mean": {side: gaps[side]["forward_" + phase] for side in (name, "local")},
+                    },
+                )
             )
-        )
 
 
 def _idle_gaps(spans: list[list[float]], skip: int, idle: int) -> dict[str, Any]:

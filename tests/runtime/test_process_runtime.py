@@ -220,6 +220,21 @@ def test_plans_and_completions_cross_as_columns_and_anything_else_as_it_was():
     assert (type(fields.epoch), type(fields.generation)) == (bool, float)
 
 
+def test_a_handle_arrives_as_the_receiving_process_s_own_object_of_its_value_and_types():
+    sent = RequestRuntimeHandle("own", 0, 4, 2)
+    wire.dumps((wire.OK, sent))  # sent once: remembered here
+    plan = BatchPlan((BatchItem(RequestRuntimeHandle("own", 0, 4, 2), (), (), True),))
+    assert wire.loads(wire.dumps((wire.OK, plan)))[1].items[0].request is sent
+    odd = BatchPlan((BatchItem(RequestRuntimeHandle("own", True, 4, 2.0)),))  # equal as a key, other types
+    back = wire.loads(wire.dumps((wire.OK, odd)))[1].items[0].request
+    assert back is not sent and (type(back.epoch), type(back.generation)) == (bool, float)
+    assert wire.loads(wire.dumps((wire.OK, plan)))[1].items[0].request is sent  # the odd one was not remembered
+    newer = RequestRuntimeHandle("own", 0, 4, 3)
+    assert wire.loads(wire.dumps((wire.OK, newer)))[1] is newer  # the slot's next generation replaces it
+    again = wire.loads(wire.dumps((wire.OK, plan)))[1].items[0].request
+    assert again == sent and again is not sent
+
+
 def test_a_runtime_process_that_never_serves_is_a_typed_error_and_is_killed():
     with pytest.raises(RuntimeStartFailed, match=r"did not serve within 1\.0 s"):
         ProcessGPURuntime("signal:pause", start_timeout_s=1.0)  # the factory blocks until a signal: the kill

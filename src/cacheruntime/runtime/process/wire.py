@@ -92,8 +92,17 @@ def _remember(key: tuple[str, int, int, int], handle: RequestRuntimeHandle) -> R
     return handle
 
 
+def _typed(runtime_id: Any, epoch: Any, slot_id: Any, generation: Any) -> bool:
+    """Whether a handle's fields are exactly str, int, int, int: only such handles are remembered,
+    since a key does not tell 1 from True or 1.0, and a handle with fields of other types (bad
+    input) must arrive with the types control gave it."""
+    return type(runtime_id) is str and type(epoch) is int and type(slot_id) is int and type(generation) is int
+
+
 def handle_of(runtime_id: str, epoch: int, slot_id: int, generation: int) -> RequestRuntimeHandle:
     """The handle of this value: this process's own object if it has one, else a new one it remembers."""
+    if not _typed(runtime_id, epoch, slot_id, generation):
+        return RequestRuntimeHandle(runtime_id, epoch, slot_id, generation)
     key = (runtime_id, epoch, slot_id, generation)
     known = _HANDLES.get(key)
     return known if known is not None else _remember(key, RequestRuntimeHandle(runtime_id, epoch, slot_id, generation))
@@ -102,13 +111,15 @@ def handle_of(runtime_id: str, epoch: int, slot_id: int, generation: int) -> Req
 def _reduce_handle(handle: RequestRuntimeHandle) -> tuple[Any, ...]:
     """How pickle saves a request handle (exactly of the class: the dispatch table is by type)."""
     values = (handle.runtime_id, handle.epoch, handle.slot_id, handle.generation)
-    if _HANDLES.get(values) is not handle:
+    if _typed(*values) and _HANDLES.get(values) is not handle:
         _remember(values, handle)  # sent: whatever comes back with this value arrives as this object
     return (handle_of, values)
 
 
-def _handles(columns: Sequence[Sequence[Any]]) -> list[RequestRuntimeHandle]:
+def _handles(columns: Sequence[Sequence[Any]]) -> Sequence[RequestRuntimeHandle]:
     """The handles whose fields are `columns`, remembered objects where this process has them."""
+    if not (_exactly(str, columns[0]) and _exactly(int, columns[1]) and _exactly(int, columns[2]) and _exactly(int, columns[3])):
+        return _records(RequestRuntimeHandle, columns)  # fields of other types (bad input), or no items
     keys = list(zip(*columns, strict=True))
     found: list[Any] = list(map(_HANDLES.get, keys))
     if any(map(operator.is_, found, repeat(None))):

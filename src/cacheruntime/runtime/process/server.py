@@ -64,9 +64,9 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     """Connect to the client's socket at `endpoint`, build the runtime (continuing at `epoch` and
     `generations` when `epoch` > 0), then answer requests until `close` (or the client is gone),
     busy-polling for each `spin_s` before sleeping."""
-    link = Client(endpoint, family="AF_UNIX")
+    link = Client(endpoint, family="AF_UNIX")  # first: the client waits for it, then for the reply to its first call
     poller = select.poll()
-    poller.register(link.fileno(), select.POLLIN)  # first: the client waits for it, then for the reply to its first call
+    poller.register(link.fileno(), select.POLLIN)
     runtime = build(factory, options)
     if epoch or any(generations):
         runtime.ledger.continue_lost(epoch, list(generations) + [0] * (runtime.max_requests - len(generations)))

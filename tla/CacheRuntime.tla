@@ -1112,16 +1112,18 @@ O4 == [][epoch' = epoch =>
                                  => Tiers' = AfterIntents(Tiers, batches[b].intents)]_vars
 
 (* O4 on the rows: a batch is on record exactly when its id was issued in  *)
-(* the epoch, and a live row's tokens past its computed count are those    *)
-(* its prepared batches reserved, in batch order: with none the row is all *)
-(* computed; the first starts at the computed count, each next where the   *)
-(* one before ends, the last at the row's end.  So executing a batch        *)
-(* counts its tokens, and a prepared batch is the only way a row grows.     *)
+(* the epoch, a prepared batch's rows are live (RequestBusy), and a live   *)
+(* row's tokens past its computed count are those its prepared batches     *)
+(* reserved, in batch order: with none the row is all computed; the first  *)
+(* starts at the computed count, each next where the one before ends, the  *)
+(* last at the row's end.  So executing a batch counts its tokens, and a   *)
+(* prepared batch is the only way a row grows.                             *)
 PreparedOn(s) == {b \in BIds : batches[b].state = "prepared" /\ s \in Range(batches[b].slots)}
 StartOf(b, s) == batches[b].startTokens[CHOOSE i \in DOMAIN batches[b].slots : batches[b].slots[i] = s]
 EndOf(b, s) == batches[b].ends[CHOOSE i \in DOMAIN batches[b].slots : batches[b].slots[i] = s]
 O4_Rows ==
     /\ \A b \in BIds : (batches[b].state # "none") = (b < nextBatch)
+    /\ \A b \in BIds : batches[b].state = "prepared" => \A i \in DOMAIN batches[b].slots : live[batches[b].slots[i]]
     /\ \A s \in Slots : live[s] =>
           LET P == PreparedOn(s) IN
           IF P = {} THEN Len(pages[s]) = numTokens[s]

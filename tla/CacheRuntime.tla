@@ -135,13 +135,15 @@ VARIABLES
     nextBatch       \* the next batch id in this epoch
 batchVars == <<batches, nextBatch>>
 
-\* Transfers: those in flight, the next id, completions not yet reported.
+\* Transfers: those in flight, the next id, completions not yet reported, and (a ghost, for T1)
+\* the transfers whose completion a poll reported.
 VARIABLES
     transfers,      \* transfers[t]: transfer t: kind, moves [name, src, dst], waitsFor
     inflight,       \* transfers started and not completed (H2D and D2H streams)
     nextTransfer,   \* the next transfer id in this epoch
-    unreported      \* completions not yet reported by a poll, in completion order: [transferId, failure]
-transferVars == <<transfers, inflight, nextTransfer, unreported>>
+    unreported,     \* completions not yet reported by a poll, in completion order: [transferId, failure]
+    reported        \* ghost: the transfers of this epoch whose completion a poll reported to control
+transferVars == <<transfers, inflight, nextTransfer, unreported, reported>>
 
 vars == <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars, transferVars>>
 
@@ -468,6 +470,7 @@ TypeOK ==
     /\ inflight \subseteq TIds
     /\ nextTransfer \in 0 .. MaxTransfers
     /\ unreported \in Seq(Completions)
+    /\ reported \subseteq TIds
 
 Init ==
     /\ epoch = 0
@@ -499,6 +502,7 @@ Init ==
     /\ inflight = {}
     /\ nextTransfer = 0
     /\ unreported = <<>>
+    /\ reported = {}
 
 -----------------------------------------------------------------------------
 (* Actions: one per boundary operation (the model's method in CamelCase;  *)
@@ -531,7 +535,7 @@ CloseRequest(h) ==
        /\ pages' = [pages EXCEPT ![s] = <<>>]          \* redundant: nothing reads a closed slot's row (RowHeld, HolderCount, O1 read live slots) and OpenRequest clears it
        /\ numTokens' = [numTokens EXCEPT ![s] = 0]     \* redundant: nothing reads a closed slot's count (O1, Publish need a live slot) and OpenRequest clears it
        /\ DropHolders(pages[s])
-    /\ UNCHANGED <<runtimeVars, nextPage, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, nextPage, memoryVars, extentVars, batchVars, reported>>
 
 \* PrepareBatch: a valid plan that fits starts its restores, maps each row and records the batch;
 \* nothing changes otherwise.
@@ -543,7 +547,7 @@ PrepareBatch(P) ==
     /\ SetTiers(AfterNewPages(AfterIntents(Tiers, PlanRestores(P)), P))
     /\ MapRows(P)
     /\ RecordBatch(P)
-    /\ UNCHANGED <<runtimeVars, generation, live, numTokens, versions, memoryVars, extentVars>>
+    /\ UNCHANGED <<runtimeVars, generation, live, numTokens, versions, memoryVars, extentVars, reported>>
 
 (* ExecuteBatch may run once no earlier prepared batch shares a request   *)
 (* (OutOfOrder) and it is prepared (AlreadyExecuted, NotPrepared); its     *)
@@ -613,7 +617,7 @@ FailBatches(bh) ==
     /\ Unreserve(F)
     /\ numTokens' = numTokens                                           \* no token of a failed batch counts
     /\ batches' = [b \in BIds |-> IF b \in F THEN [batches[b] EXCEPT !.state = "failed"] ELSE batches[b]]
-    /\ UNCHANGED <<runtimeVars, generation, live, nextPage, memoryVars, extentVars, nextBatch>>
+    /\ UNCHANGED <<runtimeVars, generation, live, nextPage, memoryVars, extentVars, nextBatch, reported>>
 
 \* ExecuteBatch: compute runs, then the plan's intents apply in order (all or none); the batch
 \* never runs again (O4). If a restore it waited for failed, the batch fails instead (ComputeFailed).
@@ -624,7 +628,7 @@ ExecuteBatch(bh) ==
          THEN /\ Compute(batches[bh.batchId])
               /\ SetTiers(AfterIntents(Tiers, batches[bh.batchId].intents))
               /\ batches' = [batches EXCEPT ![bh.batchId].state = "executed"]
-              /\ UNCHANGED <<runtimeVars, generation, live, pages, holders, nextPage, tags2, extentVars, nextBatch>>
+              /\ UNCHANGED <<runtimeVars, generation, live, pages, holders, nextPage, tags2, extentVars, nextBatch, reported>>
          ELSE FailBatches(bh)
 
 \* FailCompute (environment): ExecuteBatch of a batch whose compute fails (ComputeFailed): the batch
@@ -646,7 +650,7 @@ CancelBatch(bh) ==
           => Range(batches[c].slots) \cap Range(B.slots) = {}             \* BatchDependency
     /\ Unreserve({bh.batchId})
     /\ batches' = [batches EXCEPT ![bh.batchId].state = "cancelled"]
-    /\ UNCHANGED <<runtimeVars, generation, live, numTokens, nextPage, memoryVars, extentVars, nextBatch>>
+    /\ UNCHANGED <<runtimeVars, generation, live, numTokens, nextPage, memoryVars, extentVars, nextBatch, reported>>
 
 \* Publish: computed pages first+1..first+count of a row become an extent with one reference; each
 \* gains a holder (InvalidPageRun).
@@ -711,7 +715,7 @@ SubmitBackup(x) ==
     /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ BackupOk(Tiers, x.generation)
     /\ SetTiers(AfterBackup(Tiers, x.generation))
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, reported>>
 
 \* SubmitRestore: a submit of one Restore intent (NoL2, NotBackedUp, OutOfPages(L1)).
 SubmitRestore(x) ==
@@ -720,7 +724,7 @@ SubmitRestore(x) ==
     /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ RestoreOk(Tiers, x.generation)
     /\ SetTiers(AfterRestore(Tiers, x.generation))
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, reported>>
 
 \* SubmitDemote: a submit of one Demote intent (NoL2, NotBackedUp, ExtentInUse).
 SubmitDemote(x) ==
@@ -729,7 +733,7 @@ SubmitDemote(x) ==
     /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ DemoteOk(Tiers, x.generation)
     /\ SetTiers(AfterDemote(Tiers, x.generation))
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, reported>>
 
 (* SubmitDrop: a submit of one Drop intent (NoL2, WouldLoseData). *)
 SubmitDrop(x) ==
@@ -738,7 +742,7 @@ SubmitDrop(x) ==
     /\ L2Pages > 0                                                      \* NoL2; redundant: every model has a host tier (L2Pages > 0), a model setting, not a protocol guard
     /\ DropOk(Tiers, x.generation)
     /\ SetTiers(AfterDrop(Tiers, x.generation))
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, reported>>
 
 \* Submit: a submit of several intents applies them in order, each to what the last left, all or
 \* none.
@@ -746,12 +750,13 @@ Submit(is) ==
     /\ ~lost                                                            \* RuntimeFault
     /\ IntentsOk(Tiers, is)
     /\ SetTiers(AfterIntents(Tiers, is))
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, reported>>
 
 (* PollCompletions: the completions not yet reported are reported, once. *)
 PollCompletions ==
     /\ ~lost                                                            \* RuntimeFault
     /\ unreported' = <<>>
+    /\ reported' = reported \cup {unreported[i].transferId : i \in DOMAIN unreported}   \* ghost: control has seen them
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
                    transfers, inflight, nextTransfer>>
 
@@ -793,6 +798,7 @@ Restart ==
     /\ inflight' = {}
     /\ nextTransfer' = 0
     /\ unreported' = <<>>
+    /\ reported' = {}                                                    \* ghost: a new epoch's transfers
     /\ UNCHANGED memoryVars
 
 (* A transfer can land or fail once the transfers it waits for did.       *)
@@ -854,7 +860,7 @@ CompleteTransfer(t) ==
                  /\ deferred2' = Deferred2After(Without(t), ps)
                  /\ UNCHANGED <<tags2, phys1>>
     /\ Leave(t, "none")
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, nextVersion, extentVars, batchVars, nextTransfer>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, nextVersion, extentVars, batchVars, nextTransfer, reported>>
 
 \* FailTransfer (environment): a transfer that could land fails instead; the copies it was filling
 \* are gone (their pages freed, or deferred while another transfer touches them: O3), a dropping
@@ -891,7 +897,7 @@ FailTransfer(t) ==
                  /\ deferred2' = Undefer2(t)
                  /\ UNCHANGED phys2
     /\ Leave(t, "copy")
-    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, nextTransfer>>
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, memoryVars, extentVars, batchVars, nextTransfer, reported>>
 
 \* RuntimeLost (environment): the runtime's machinery is gone (a stream worker died); nothing
 \* changes but that every operation except Restart now raises RuntimeFault.
@@ -1017,13 +1023,18 @@ H4 == /\ \A h \in RequestHandles : UnissuedReq(h) => RequestRefused(h)
       /\ \A x \in ExtentRefs : UnissuedExt(x) => ExtentRefused(x)
       /\ \A bh \in BatchHandles : UnissuedBatch(bh) => BatchRefused(bh)
 
-(* H2 (an action property): generations never decrease, and a slot that   *)
-(* stops being live moves to a new generation.                             *)
+(* H2 (an action property): generations never decrease, a slot that stops *)
+(* being live moves to a new generation, and only a slot that stops being  *)
+(* live does: a live slot keeps the generation its OpenRequest handed out. *)
 H2 == [][\A s \in Slots : /\ generation'[s] >= generation[s]
-                          /\ (live[s] /\ ~live'[s]) => generation'[s] > generation[s]]_vars
+                          /\ (live[s] /\ ~live'[s]) => generation'[s] > generation[s]
+                          /\ generation'[s] # generation[s] => live[s] /\ ~live'[s]]_vars
 
-(* H3: at most one request handle per slot is current.                     *)
-H3 == \A s \in Slots : Cardinality({h \in RequestHandles : h.slotId = s /\ ValidReq(h)}) <= 1
+(* H3: at most one request handle per slot is current, and OpenRequest     *)
+(* hands out a slot that was not live: while one is free (and the runtime  *)
+(* not lost) it opens one (OutOfSlots only when every slot is live).       *)
+H3 == /\ \A s \in Slots : Cardinality({h \in RequestHandles : h.slotId = s /\ ValidReq(h)}) <= 1
+      /\ ~lost /\ (\E s \in Slots : ~live[s]) => ENABLED (OpenRequest /\ \E s \in Slots : ~live[s] /\ live'[s])
 
 Mapped1 == {phys1[n] : n \in {m \in Names : state1[m] # "absent"}}
 Mapped2 == {phys2[n] : n \in {m \in Names : state2[m] # "absent"}}
@@ -1033,9 +1044,12 @@ CopiesOf1(p) == Cardinality({n \in Names : state1[n] # "absent" /\ phys1[n] = p}
 CopiesOf2(p) == Cardinality({n \in Names : state2[n] # "absent" /\ phys2[n] = p})
 
 (* R1: every physical page is exactly one of free, mapped to one page      *)
-(* name's copy, or deferred; free + held = total, in both pools.           *)
+(* name's copy, or deferred; free + held = total, in both pools.  A        *)
+(* deferred free waits only on transfers in flight (so it runs).           *)
 R1 == /\ \A p \in Phys1 : Count(free1, p) + CopiesOf1(p) + (IF p \in Deferred1 THEN 1 ELSE 0) = 1
       /\ \A p \in Phys2 : Count(free2, p) + CopiesOf2(p) + (IF p \in Deferred2 THEN 1 ELSE 0) = 1
+      /\ \A p \in Phys1 : deferred1[p] \subseteq inflight
+      /\ \A p \in Phys2 : deferred2[p] \subseteq inflight
 
 Held(n) == (\E s \in Slots : live[s] /\ n \in Range(pages[s])) \/ (\E g \in EIds : n \in Range(extents[g].pages))
 
@@ -1089,15 +1103,43 @@ O3 == \A t \in inflight : \A i \in DOMAIN transfers[t].pages : LET m == transfer
 
 (* O4 (an action property): within an epoch an executed, cancelled or     *)
 (* failed batch stays so, and only a prepared batch executes.              *)
+(* A batch that executes applies its recorded intents to the tier state,    *)
+(* in order (compute leaves the tiers alone).                              *)
 O4 == [][epoch' = epoch =>
            \A b \in BIds : /\ batches[b].state \in Finished => batches'[b].state = batches[b].state
-                           /\ batches'[b].state = "executed" /\ batches[b].state # "executed" => batches[b].state = "prepared"]_vars
+                           /\ batches'[b].state = "executed" /\ batches[b].state # "executed" => batches[b].state = "prepared"
+                           /\ batches[b].state = "prepared" /\ batches'[b].state = "executed"
+                                 => Tiers' = AfterIntents(Tiers, batches[b].intents)]_vars
+
+(* O4 on the rows: a batch is on record exactly when its id was issued in  *)
+(* the epoch, a prepared batch's rows are live (RequestBusy), and a live   *)
+(* row's tokens past its computed count are those its prepared batches     *)
+(* reserved, in batch order: with none the row is all computed; the first  *)
+(* starts at the computed count, each next where the one before ends, the  *)
+(* last at the row's end.  So executing a batch counts its tokens, and a   *)
+(* prepared batch is the only way a row grows.                             *)
+PreparedOn(s) == {b \in BIds : batches[b].state = "prepared" /\ s \in Range(batches[b].slots)}
+StartOf(b, s) == batches[b].startTokens[CHOOSE i \in DOMAIN batches[b].slots : batches[b].slots[i] = s]
+EndOf(b, s) == batches[b].ends[CHOOSE i \in DOMAIN batches[b].slots : batches[b].slots[i] = s]
+O4_Rows ==
+    /\ \A b \in BIds : (batches[b].state # "none") = (b < nextBatch)
+    /\ \A b \in BIds : batches[b].state = "prepared" => \A i \in DOMAIN batches[b].slots : live[batches[b].slots[i]]
+    /\ \A s \in Slots : live[s] =>
+          LET P == PreparedOn(s) IN
+          IF P = {} THEN Len(pages[s]) = numTokens[s]
+          ELSE /\ \A b \in P : (\A c \in P : b <= c) => StartOf(b, s) = numTokens[s]
+               /\ \A b \in P : (\A c \in P : c <= b) => EndOf(b, s) = Len(pages[s])
+               /\ \A b, c \in P : b < c /\ (\A d \in P : d <= b \/ c <= d) => StartOf(c, s) = EndOf(b, s)
 
 (* D1: every readable copy (valid or dropping) holds the version tag last  *)
-(* written to its page.                                                    *)
-D1 == \A n \in Names : Exists(n) /\ versions[n] # 0 =>
-        /\ state1[n] \in Readable => tags1[phys1[n]] = versions[n]
-        /\ state2[n] \in Readable => tags2[phys2[n]] = versions[n]
+(* written to its page, and every tag written is fresh (below the next     *)
+(* one), so that a later write never carries an earlier write's tag.       *)
+D1 == /\ \A n \in Names : Exists(n) /\ versions[n] # 0 =>
+           /\ state1[n] \in Readable => tags1[phys1[n]] = versions[n]
+           /\ state2[n] \in Readable => tags2[phys2[n]] = versions[n]
+      /\ \A n \in Names : versions[n] < nextVersion
+      /\ \A p \in Phys1 : tags1[p] < nextVersion
+      /\ \A p \in Phys2 : tags2[p] < nextVersion
 
 (* D1 at the reads: compute of a batch that may run reads, for every token *)
 (* of each row, the tag last written there.                                *)
@@ -1135,10 +1177,16 @@ F3 == [][lost /\ epoch' = epoch => UNCHANGED vars]_vars
 
 (* T1: completions are sound: each completion not yet reported names a    *)
 (* transfer started in this epoch that left the streams, at most once; a   *)
-(* transfer is in flight exactly when it has moves on record.              *)
+(* transfer is in flight exactly when it has moves on record; and every    *)
+(* transfer started in the epoch is exactly one of in flight, completed    *)
+(* and not yet reported, or reported by a poll (the ghost reported), so a  *)
+(* completion is never lost, even of a transfer with nothing to move.      *)
+Unreported == {unreported[i].transferId : i \in DOMAIN unreported}
 T1 == /\ \A i \in DOMAIN unreported : unreported[i].transferId < nextTransfer /\ unreported[i].transferId \notin inflight
       /\ \A i, j \in DOMAIN unreported : i # j => unreported[i].transferId # unreported[j].transferId
       /\ \A t \in TIds : (t \in inflight) = (t < nextTransfer /\ transfers[t].pages # <<>>)
+      /\ \A t \in TIds : (t < nextTransfer) = (t \in inflight \cup Unreported \cup reported)
+      /\ reported \cap (inflight \cup Unreported) = {}
 
 (* T2: a filling copy has in flight the transfer that fills it (a restore  *)
 (* into the device copy's page, a backup into the host copy's page), and a *)

@@ -346,12 +346,19 @@ def run_tlc(spec_text: str, config: Path, *, java: str, jar: Path, workers: int)
     return got, distinct, time.monotonic() - started, out
 
 
+def model_of(m: Mutant, configs: dict[str, Path]) -> Path:
+    """The model mutant m runs on: its own (`configs` by mutant id: one effect no model of its
+    definition reaches, such as a plan intent applied at execute), else its definition's, else
+    the dedicated one ("")."""
+    return configs.get(m.ident, configs.get(m.definition, configs[""]))
+
+
 def run_all(spec_text: str, mutants: list[Mutant], configs: dict[str, Path], *, java: str, jar: Path, workers: int, jobs: int, progress=None) -> list[Result]:
-    """Every mutant through TLC (`jobs` at a time) on its definition's model (`configs`, by
-    definition name; "" for every other definition); model bounds are listed, not run."""
+    """Every mutant through TLC (`jobs` at a time) on its model (`model_of`); model bounds are
+    listed, not run."""
 
     def one(m: Mutant) -> Result:
-        config = configs.get(m.definition, configs[""])
+        config = model_of(m, configs)
         if m.bound:
             return Result(m, "not run", None, 0.0, config.name)
         got, distinct, seconds, _ = run_tlc(m.apply(spec_text), config, java=java, jar=jar, workers=workers)
@@ -420,7 +427,7 @@ def run_cli(manifest: dict, tla_dir: Path, *, subset: str, java: str, jar: Path,
             print(f"cacheruntime tlc: error: no mutant or definition named {unknown}; `--spec-mutants all` lists every mutant id", file=sys.stderr)
             return 2
         mutants = [m for m in mutants if m.ident in chosen or m.definition in chosen]
-    # the dedicated model, and a model of its own for a definition the dedicated one cannot reach
+    # the dedicated model, and a model of its own for a definition (or one mutant) the dedicated one cannot reach
     pinned = {section["config"]: section["distinct_states"]} | {o["config"]: o["distinct_states"] for o in section.get("models", {}).values()}
     configs = {"": tla_dir / section["config"]} | {d: tla_dir / o["config"] for d, o in section.get("models", {}).items()}
     baselines: dict[str, int] = {}
@@ -439,7 +446,7 @@ def run_cli(manifest: dict, tla_dir: Path, *, subset: str, java: str, jar: Path,
     # The baselines run first, so that a spec that fails by itself stops the run. The CI
     # subset pins only kills, which need no baseline (the CI model every-action pins the same
     # count): its baselines run only for a model on which a mutant passed.
-    used = sorted({configs.get(m.definition, configs[""]).name for m in mutants})
+    used = sorted({model_of(m, configs).name for m in mutants})
     if subset != "ci" and not all(baseline_of(name) for name in used):
         return 1
 

@@ -180,12 +180,12 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("memoryVars", ("tags1", "tags2", "nextVersion")),
     ("extentVars", ("extents", "nextExtent", "held")),
     ("batchVars", ("batches", "nextBatch")),
-    ("transferVars", ("transfers", "inflight", "nextTransfer", "unreported")),
+    ("transferVars", ("transfers", "inflight", "nextTransfer", "unreported", "reported")),
 )
 VARIABLES = tuple(v for _, group in GROUPS for v in group)
 
 
-def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch], held: dict[int, int]) -> str:
+def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch], held: dict[int, int], reported: set[int]) -> str:
     """The model's state as the TLA+ value of `vars` of CacheRuntime.tla: a tuple of groups.
 
     `prepared` holds every batch of the epoch as it was prepared: the spec keeps a finished
@@ -262,6 +262,7 @@ def project(model: ReferenceModel, b: Bounds, prepared: dict[int, Batch], held: 
         "inflight": set(st.transfers),
         "nextTransfer": st.next_transfer,
         "unreported": tuple({"transferId": c.ticket.transfer_id, "failure": failure(c)} for c in st.unreported),
+        "reported": set(reported),  # the spec's ghost: what the polls handed control
     }
     assert set(values) == set(VARIABLES), "one value per variable of the spec"
     grouped = [tuple(values[v] for v in members) for _, members in GROUPS]
@@ -311,6 +312,9 @@ class TraceRecorder:
         #: References control holds by its own account of the calls that succeeded (extent
         #: generation -> count): the spec's ghost `held`, kept apart from the model's refcounts.
         self.held: dict[int, int] = {}
+        #: Transfers of this epoch whose completion a poll (or wait) handed control: the spec's
+        #: ghost `reported`, from the calls' results.
+        self.reported: set[int] = set()
 
     def _do(self, op: str, args: tuple, call, strict: bool = True, account=None):
         """Run `call(model)`; keep the step if the model stays in bounds. Returns (ok, result).
@@ -332,7 +336,7 @@ class TraceRecorder:
             self.prepared.update(self.model.state.batches)
             if account is not None:
                 account(result)
-        post = project(self.model, self.bounds, self.prepared, self.held) if ok else None
+        post = project(self.model, self.bounds, self.prepared, self.held, self.reported) if ok else None
         self.steps.append(Step(op, args, ok, post, note=repr(result)[:120]))
         return ok, result
 
@@ -405,8 +409,11 @@ class TraceRecorder:
             return self._do("Submit" + type(intents[0]).__name__, (xref(intents[0].extent),), lambda m: m.submit(intents))
         return self._do("Submit", (tuple(intent(i) for i in intents),), lambda m: m.submit(intents))
 
+    def _reported(self, done) -> None:
+        self.reported.update(c.ticket.transfer_id for c in done)
+
     def poll_completions(self):
-        return self._do("PollCompletions", (), lambda m: m.poll_completions())
+        return self._do("PollCompletions", (), lambda m: m.poll_completions(), account=self._reported)
 
     def wait_completions(self):
         while self.model.state.transfers and not is_lost(self.model):
@@ -414,7 +421,7 @@ class TraceRecorder:
             self._complete_first([self.model.completable()[0]])
             if len(self.steps) == before:
                 return False, None
-        return self._do("WaitCompletions", (), lambda m: m.wait_completions())
+        return self._do("WaitCompletions", (), lambda m: m.wait_completions(), account=self._reported)
 
     def restart(self):
         """The model drains in-flight transfers on restart: recorded as CompleteTransfer steps first
@@ -424,7 +431,11 @@ class TraceRecorder:
             self._complete_first([self.model.completable()[0]])
             if len(self.steps) == before:
                 return False, None
-        return self._do("Restart", (), lambda m: m.restart(), account=lambda _: self.held.clear())
+        def account(_) -> None:
+            self.held.clear()
+            self.reported.clear()
+
+        return self._do("Restart", (), lambda m: m.restart(), account=account)
 
     def complete_transfer(self, t):
         return self._do("CompleteTransfer", (t,), lambda m: m.complete_transfer(t))

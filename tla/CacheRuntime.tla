@@ -392,11 +392,11 @@ Restoring(P) == UNION {Range(RestorePages(Tiers, PlanRestores(P)[i].extent.gener
 
 (* The plan's handles are valid and its items name distinct requests.      *)
 PlanValid(P) ==
-    /\ Len(P.items) >= 1                                                \* InvalidPlan
+    /\ Len(P.items) >= 1                                                \* InvalidPlan; redundant: Plans forms plans of one item or more (SUBSET of live slots less {}), and the H1, H4 probes prepare plans of one item
     /\ \A i \in DOMAIN P.items : /\ ValidReq(P.items[i].request)
                                  /\ \A j \in DOMAIN P.items[i].attach : ValidExt(P.items[i].attach[j])
     /\ \A i \in DOMAIN P.intents : ValidExt(P.intents[i].extent) /\ L2Pages > 0   \* NoL2
-    /\ \A i, j \in DOMAIN P.items : i # j => ItemSlot(P.items[i]) # ItemSlot(P.items[j])  \* InvalidPlan
+    /\ \A i, j \in DOMAIN P.items : i # j => ItemSlot(P.items[i]) # ItemSlot(P.items[j])  \* InvalidPlan; redundant: Plans orders a set of slots (SortedSeq), so its items name distinct slots, and the H1, H4 probes prepare plans of one item
 
 (* The plan fits: attached pages are resident (a device copy valid or     *)
 (* filling; a dropping one is not) or restored by the plan, rows and the   *)
@@ -805,7 +805,7 @@ Restart ==
 Completable(t) ==
     /\ ~lost                                                            \* no transfer lands or fails
     /\ t \in inflight
-    /\ transfers[t].waitsFor \cap inflight = {}
+    /\ transfers[t].waitsFor \cap inflight = {}     \* redundant: waitsFor is always empty: by F1 and T2 a restore reads only valid host copies and a backup only readable device copies, never one still filling
 
 (* Transfer t leaves the streams: the frees that waited only for it run    *)
 (* (Released1, Released2: the action puts them on the free lists, in       *)

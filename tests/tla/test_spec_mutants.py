@@ -116,4 +116,19 @@ def test_a_mutant_may_have_a_model_of_its_own():
     configs = {"": tlc.TLA_DIR / section["config"]} | {k: tlc.TLA_DIR / o["config"] for k, o in section["models"].items()}
     assert specmutants.model_of(BY_ID["ExecuteBatch.e2"], configs).name == "MCIntents.cfg"
     assert specmutants.model_of(BY_ID["ExecuteBatch.e1"], configs).name == "MCMutants.cfg"
-    assert specmutants.model_of(BY_ID["Split.g1"], configs).name == "MCSplit.cfg"
+    assert specmutants.model_of(BY_ID["Split.g4"], configs).name == "MCSplit.cfg"
+    # the id's route wins over its definition's: Split.g1 (~lost) needs the failures on
+    assert specmutants.model_of(BY_ID["Split.g1"], configs).name == "MCSplitFaults.cfg"
+
+
+def test_each_mutant_model_exists_and_has_one_pinned_count():
+    """A definition or a mutant id may be routed to a model of its own; the run compares each
+    model's baseline with one pinned count, so two routes to one model must pin the same."""
+    section = MANIFEST["spec_mutants"]
+    names = {m.definition for m in MUTANTS} | set(BY_ID)
+    pinned: dict[str, set[int]] = {section["config"]: {section["distinct_states"]}}
+    for key, o in section["models"].items():
+        assert key in names, f"{key} names no definition or mutant"
+        assert (tlc.TLA_DIR / o["config"]).is_file(), o["config"]
+        pinned.setdefault(o["config"], set()).add(o["distinct_states"])
+    assert {c: n for c, n in pinned.items() if len(n) > 1} == {}

@@ -1191,7 +1191,7 @@ F2 == [][epoch' = epoch /\ FailsNow # {} =>
 (* RuntimeFault, and no transfer lands or fails: nothing changes until     *)
 (* Restart; and a restart recovers: the new epoch begins not lost.         *)
 F3 == [][/\ lost /\ epoch' = epoch => UNCHANGED vars
-        /\ epoch' # epoch => ~lost']_vars
+         /\ epoch' # epoch => ~lost']_vars
 
 (* T1: completions are sound: each completion not yet reported names a    *)
 (* transfer started in this epoch that left the streams, at most once; a   *)

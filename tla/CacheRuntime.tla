@@ -514,9 +514,9 @@ Init ==
 \* OpenRequest: the lowest slot that is not live opens with an empty row (OutOfSlots otherwise).
 OpenRequest ==
     /\ ~lost                                                            \* RuntimeFault
-    /\ \E s \in Slots : ~live[s]
-    /\ LET s == CHOOSE v \in Slots : ~live[v] /\ \A w \in Slots : ~live[w] => v <= w
-       IN /\ live' = [live EXCEPT ![s] = TRUE]
+    /\ \E s \in {v \in Slots : \A w \in Slots : w < v => live[w]} :       \* every lower slot is live
+          /\ ~live[s]                                                   \* OutOfSlots (when every slot is live)
+          /\ live' = [live EXCEPT ![s] = TRUE]
           /\ pages' = [pages EXCEPT ![s] = <<>>]       \* redundant: a slot not live has an empty row already (Init, CloseRequest, Restart)
           /\ numTokens' = [numTokens EXCEPT ![s] = 0]  \* redundant: a slot not live counts no token already (Init, CloseRequest, Restart)
     /\ UNCHANGED <<runtimeVars, generation, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
@@ -661,6 +661,7 @@ Publish(h, first, count) ==
     /\ count >= 1                        \* redundant: Next and the H1, H4 probes call Publish with count >= 1 only
     /\ first >= 0                        \* redundant: Next and the H1, H4 probes call Publish with first >= 0 only
     /\ first + count <= numTokens[h.slotId]
+    /\ first + count <= Len(pages[h.slotId])    \* redundant: a live row computed no more tokens than it maps (O4_Rows), so the guard above implies it
     /\ nextExtent <= MaxExtents                                         \* model bound
     /\ holders' = [n \in Names |-> holders[n] + Count(ps, n)]
     /\ extents' = [extents EXCEPT ![nextExtent] = [refcount |-> 1, pages |-> ps]]
@@ -761,10 +762,14 @@ PollCompletions ==
                    transfers, inflight, nextTransfer>>
 
 \* WaitCompletions: blocks until nothing is in flight (the environment completes it), then reports
-\* as PollCompletions.
+\* as PollCompletions does.
 WaitCompletions ==
-    /\ inflight = {}
-    /\ PollCompletions
+    /\ inflight = {}             \* redundant: without it the step is PollCompletions, which Next takes in every state (the trace check holds a runtime's wait to it)
+    /\ ~lost                                                            \* RuntimeFault
+    /\ unreported' = <<>>
+    /\ reported' = reported \cup {unreported[i].transferId : i \in DOMAIN unreported}   \* ghost: control has seen them
+    /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, extentVars, batchVars,
+                   transfers, inflight, nextTransfer>>
 
 \* Restart: once nothing is in flight, or once the runtime is lost (its transfers are abandoned: their
 \* copies never land, their completions are never reported), everything but memory is forgotten;
@@ -776,8 +781,8 @@ Restart ==
     /\ lost' = FALSE
     /\ generation' = [s \in Slots |-> IF live[s] THEN generation[s] + 1 ELSE generation[s]]
     /\ live' = [s \in Slots |-> FALSE]
-    /\ pages' = [s \in Slots |-> <<>>]
-    /\ numTokens' = [s \in Slots |-> 0]
+    /\ pages' = [s \in Slots |-> <<>>]              \* redundant: a slot not live has no observable row (protocol 2.1; View hides it) and OpenRequest opens it empty
+    /\ numTokens' = [s \in Slots |-> 0]             \* redundant: a slot not live has no observable count (protocol 2.1; View hides it) and OpenRequest sets it to 0
     /\ holders' = [n \in Names |-> 0]
     /\ versions' = [n \in Names |-> 0]
     /\ nextPage' = 0
@@ -936,7 +941,7 @@ Next ==
     \/ \E s \in Slots, f \in 0 .. MaxRequestTokens - 1, c \in 1 .. MaxRequestTokens : Publish(ReqH(s), f, c)
     \/ \E g \in LiveExts : Retain(ExtH(g))
     \/ \E g \in LiveExts : Release(ExtH(g))
-    \/ \E g \in LiveExts, at \in 1 .. MaxRequestTokens : Split(ExtH(g), at)
+    \/ \E g \in LiveExts : \E at \in 1 .. Len(extents[g].pages) : Split(ExtH(g), at)
     \/ \E g \in LiveExts : SubmitBackup(ExtH(g))
     \/ \E g \in LiveExts : SubmitRestore(ExtH(g))
     \/ \E g \in LiveExts : SubmitDemote(ExtH(g))
@@ -954,15 +959,19 @@ Spec == Init /\ [][Next]_vars
 
 (* For model checking only (the VIEW of the MC configs): the bytes of a    *)
 (* physical page that no readable copy maps and no in-flight transfer reads *)
-(* are never read again before being overwritten, so states that differ   *)
-(* only there behave alike.                                                *)
+(* are never read again before being overwritten, and the row and count of *)
+(* a slot that is not live are never read before OpenRequest clears them   *)
+(* (protocol.md 2.1: not observable), so states that differ only there     *)
+(* behave alike.                                                           *)
 Read1 == {phys1[n] : n \in {m \in Names : state1[m] \in Readable}}
          \cup UNION {{transfers[t].pages[i].src : i \in DOMAIN transfers[t].pages} :
                      t \in {u \in inflight : transfers[u].kind = "backup"}}
 Read2 == {phys2[n] : n \in {m \in Names : state2[m] \in Readable}}
          \cup UNION {{transfers[t].pages[i].src : i \in DOMAIN transfers[t].pages} :
                      t \in {u \in inflight : transfers[u].kind = "restore"}}
-View == <<runtimeVars, requestVars, pageVars, copyVars, poolVars,
+View == <<runtimeVars, generation, live,
+          [s \in Slots |-> IF live[s] THEN pages[s] ELSE <<>>],
+          [s \in Slots |-> IF live[s] THEN numTokens[s] ELSE 0], pageVars, copyVars, poolVars,
           [p \in Phys1 |-> IF p \in Read1 THEN tags1[p] ELSE 0],
           [p \in Phys2 |-> IF p \in Read2 THEN tags2[p] ELSE 0], nextVersion,
           extentVars, batchVars, transferVars>>
@@ -1102,14 +1111,17 @@ O3 == \A t \in inflight : \A i \in DOMAIN transfers[t].pages : LET m == transfer
           ELSE m.src \notin Range(free2) /\ m.dst \notin Range(free1)
 
 (* O4 (an action property): within an epoch an executed, cancelled or     *)
-(* failed batch stays so, and only a prepared batch executes.              *)
-(* A batch that executes applies its recorded intents to the tier state,    *)
-(* in order (compute leaves the tiers alone).                              *)
+(* failed batch stays so, and only a prepared batch executes; every        *)
+(* compute (a step that writes version tags) is a prepared batch executing *)
+(* (so no batch computes twice).  A batch that executes applies its        *)
+(* recorded intents to the tier state, in order (compute leaves the tiers  *)
+(* alone).                                                                 *)
 O4 == [][epoch' = epoch =>
-           \A b \in BIds : /\ batches[b].state \in Finished => batches'[b].state = batches[b].state
-                           /\ batches'[b].state = "executed" /\ batches[b].state # "executed" => batches[b].state = "prepared"
-                           /\ batches[b].state = "prepared" /\ batches'[b].state = "executed"
-                                 => Tiers' = AfterIntents(Tiers, batches[b].intents)]_vars
+           /\ \A b \in BIds : /\ batches[b].state \in Finished => batches'[b].state = batches[b].state
+                              /\ batches'[b].state = "executed" /\ batches[b].state # "executed" => batches[b].state = "prepared"
+                              /\ batches[b].state = "prepared" /\ batches'[b].state = "executed"
+                                    => Tiers' = AfterIntents(Tiers, batches[b].intents)
+           /\ nextVersion' # nextVersion => \E b \in BIds : batches[b].state = "prepared" /\ batches'[b].state = "executed"]_vars
 
 (* O4 on the rows: a batch is on record exactly when its id was issued in  *)
 (* the epoch, a prepared batch's rows are live (RequestBusy), and a live   *)
@@ -1131,10 +1143,15 @@ O4_Rows ==
                /\ \A b \in P : (\A c \in P : c <= b) => EndOf(b, s) = Len(pages[s])
                /\ \A b, c \in P : b < c /\ (\A d \in P : d <= b \/ c <= d) => StartOf(c, s) = EndOf(b, s)
 
-(* D1: every readable copy (valid or dropping) holds the version tag last  *)
-(* written to its page, and every tag written is fresh (below the next     *)
-(* one), so that a later write never carries an earlier write's tag.       *)
-D1 == /\ \A n \in Names : Exists(n) /\ versions[n] # 0 =>
+(* D1: a live extent covers one or more pages, each written (Publish takes *)
+(* computed pages only, Split leaves neither half empty), so a row that    *)
+(* attaches it reads written bytes; every readable copy (valid or          *)
+(* dropping) holds the version tag last written to its page, and every tag *)
+(* written is fresh (below the next one), so that a later write never      *)
+(* carries an earlier write's tag.                                         *)
+D1 == /\ \A g \in EIds : extents[g].refcount > 0 =>
+           extents[g].pages # <<>> /\ \A n \in Range(extents[g].pages) : versions[n] # 0
+      /\ \A n \in Names : Exists(n) /\ versions[n] # 0 =>
            /\ state1[n] \in Readable => tags1[phys1[n]] = versions[n]
            /\ state2[n] \in Readable => tags2[phys2[n]] = versions[n]
       /\ \A n \in Names : versions[n] < nextVersion
@@ -1143,7 +1160,7 @@ D1 == /\ \A n \in Names : Exists(n) /\ versions[n] # 0 =>
 
 (* D1 at the reads: compute of a batch that may run reads, for every token *)
 (* of each row, the tag last written there.                                *)
-D1_Reads == \A b \in BIds : ExecuteBatchOk(BatchH(b)) /\ KVReady(BatchH(b)) /\ ReadsLanded(BatchH(b)) =>
+D1_Reads == \A b \in BIds : batches[b].state = "prepared" /\ ExecuteBatchOk(BatchH(b)) /\ KVReady(BatchH(b)) /\ ReadsLanded(BatchH(b)) =>
         \A i \in DOMAIN batches[b].slots : \A j \in 1 .. batches[b].ends[i] - 1 :
             LET n == pages[batches[b].slots[i]][j] IN versions[n] # 0 => tags1[phys1[n]] = versions[n]
 
@@ -1172,8 +1189,9 @@ F2 == [][epoch' = epoch /\ FailsNow # {} =>
 
 (* F3 (an action property): a lost runtime refuses every operation with    *)
 (* RuntimeFault, and no transfer lands or fails: nothing changes until     *)
-(* Restart.                                                                *)
-F3 == [][lost /\ epoch' = epoch => UNCHANGED vars]_vars
+(* Restart; and a restart recovers: the new epoch begins not lost.         *)
+F3 == [][/\ lost /\ epoch' = epoch => UNCHANGED vars
+         /\ epoch' # epoch => ~lost']_vars
 
 (* T1: completions are sound: each completion not yet reported names a    *)
 (* transfer started in this epoch that left the streams, at most once; a   *)
@@ -1203,6 +1221,29 @@ T2 == \A n \in Names :
 (* nothing in flight: a restart forgets its transfers, so one still       *)
 (* landing would write pages the new epoch hands out again.                *)
 T3 == [][epoch' # epoch => inflight = {} \/ lost]_vars
+
+(* T4: a submit the runtime accepts applies its intents: it starts one     *)
+(* transfer (its ticket) per Backup and Restore, and leaves the copies the *)
+(* last intent asks for on every page of its extent: after Backup a host   *)
+(* copy valid or filling, after Restore a device copy valid or filling,    *)
+(* after Demote no device copy but a dropping one, after Drop no host copy *)
+(* but a dropping one.  An ENABLED predicate, as H3's: no submit step that *)
+(* does otherwise is enabled.                                              *)
+Tickets(is) == Cardinality({k \in DOMAIN is : is[k].kind \in {"Backup", "Restore"}})
+Applied(i) == \A n \in Range(extents[i.extent.generation].pages) :
+                 CASE i.kind = "Backup" -> state2'[n] \in Backed
+                   [] i.kind = "Restore" -> state1'[n] \in Backed
+                   [] i.kind = "Demote" -> state1'[n] \in {"absent", "dropping"}
+                   [] i.kind = "Drop" -> state2'[n] \in {"absent", "dropping"}
+Accepted(is) == nextTransfer' = nextTransfer + Tickets(is) /\ Applied(is[Len(is)])
+T4 == /\ \A g \in LiveExts :
+           LET x == ExtH(g)
+               one(k) == <<[kind |-> k, extent |-> x]>>
+           IN /\ ~ENABLED (SubmitBackup(x) /\ ~Accepted(one("Backup")))
+              /\ ~ENABLED (SubmitRestore(x) /\ ~Accepted(one("Restore")))
+              /\ ~ENABLED (SubmitDemote(x) /\ ~Accepted(one("Demote")))
+              /\ ~ENABLED (SubmitDrop(x) /\ ~Accepted(one("Drop")))
+      /\ MaxSubmitIntents >= 2 => \A i, j \in TierIntents : ~ENABLED (Submit(<<i, j>>) /\ ~Accepted(<<i, j>>))
 
 (* Liveness: every started transfer completes (or is discarded by a        *)
 (* restart); every prepared batch is eventually executed or cancelled.     *)

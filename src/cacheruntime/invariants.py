@@ -221,8 +221,17 @@ def B2_plain_values(value: object, path: str = "value") -> Violations:
 
 
 def D1_copies_hold_last_write(state: AbstractState) -> Violations:
-    """Every readable copy of a page (valid, or dropping) holds, at every written position, the tag last written there."""
+    """Every readable copy of a page (valid, or dropping) holds, at every written position, the tag last written there;
+    and a live extent covers one or more pages, each written at every position (publish takes full, computed pages
+    only), so a row that attaches it reads bytes that were written."""
     out = []
+    written = {page.page: all(page.versions) for page in state.pages}
+    for extent in state.extents:
+        if not extent.pages:
+            out.append(f"extent {extent.generation} covers no page")
+        unwritten = [name for name in extent.pages if not written.get(name, False)]
+        if unwritten:
+            out.append(f"extent {extent.generation}: pages {unwritten} were never written in full")
     for page in state.pages:
         for tier, copy_state, tags in ((Tier.L1, page.l1, page.l1_tags), (Tier.L2, page.l2, page.l2_tags)):
             if not copy_state.readable:

@@ -181,6 +181,10 @@ NoTransfer == [kind |-> "none", pages |-> <<>>, waitsFor |-> {}]
 Range(s) == {s[i] : i \in DOMAIN s}
 Count(s, x) == Cardinality({i \in DOMAIN s : s[i] = x})
 Seq0(n) == [i \in 1 .. n |-> i - 1]      \* <<0, 1, ..., n-1>>
+(* The k-th page of free list q, or -1 (no page) past its end: only an     *)
+(* action without its OutOfPages guard takes past the end, and TypeOK and  *)
+(* R6 then name the copy that maps no page (an error of TLC's would not).  *)
+Take(q, k) == IF k <= Len(q) THEN q[k] ELSE -1
 RECURSIVE SortedSeq(_)
 SortedSeq(S) == IF S = {} THEN <<>>
                 ELSE LET m == CHOOSE v \in S : \A w \in S : v <= w
@@ -301,11 +305,11 @@ AfterBackup(T0, g) ==
         bs == BackupPages(T, g)
         Taken == [T EXCEPT !.state2 = [n \in Names |-> IF n \in Range(bs) THEN "filling" ELSE T.state2[n]],
                            !.phys2 = [n \in Names |-> IF n \in Range(bs)
-                                                     THEN T.free2[CHOOSE i \in 1 .. Len(bs) : bs[i] = n]
+                                                     THEN Take(T.free2, CHOOSE i \in 1 .. Len(bs) : bs[i] = n)
                                                      ELSE T.phys2[n]],
                            !.free2 = SubSeq(T.free2, Len(bs) + 1, Len(T.free2))]
     IN StartTransfer(Taken, "backup",
-                     [i \in 1 .. Len(bs) |-> [name |-> bs[i], src |-> T.phys1[bs[i]], dst |-> T.free2[i]]],
+                     [i \in 1 .. Len(bs) |-> [name |-> bs[i], src |-> T.phys1[bs[i]], dst |-> Take(T.free2, i)]],
                      UNION {IF T.state1[n] = "filling" THEN Touch1(T, T.phys1[n]) ELSE {} : n \in Range(bs)})
 
 (* Restore: device copies that are dropping are valid again (nothing      *)
@@ -323,11 +327,11 @@ AfterRestore(T0, g) ==
         rs == RestorePages(T, g)
         Taken == [T EXCEPT !.state1 = [n \in Names |-> IF n \in Range(rs) THEN "filling" ELSE T.state1[n]],
                            !.phys1 = [n \in Names |-> IF n \in Range(rs)
-                                                     THEN T.free1[CHOOSE i \in 1 .. Len(rs) : rs[i] = n]
+                                                     THEN Take(T.free1, CHOOSE i \in 1 .. Len(rs) : rs[i] = n)
                                                      ELSE T.phys1[n]],
                            !.free1 = SubSeq(T.free1, Len(rs) + 1, Len(T.free1))]
     IN StartTransfer(Taken, "restore",
-                     [i \in 1 .. Len(rs) |-> [name |-> rs[i], src |-> T.phys2[rs[i]], dst |-> T.free1[i]]],
+                     [i \in 1 .. Len(rs) |-> [name |-> rs[i], src |-> T.phys2[rs[i]], dst |-> Take(T.free1, i)]],
                      UNION {IF T.state2[n] = "filling" THEN Touch2(T, T.phys2[n]) ELSE {} : n \in Range(rs)})
 
 (* Demote: the device copies go; every page needs a host copy valid or    *)
@@ -417,7 +421,7 @@ PlanFits(P) ==
 AfterNewPages(T, P) ==
     LET new == NewNames(P) IN
     [T EXCEPT !.state1 = [n \in Names |-> IF n \in new THEN "valid" ELSE T.state1[n]],
-              !.phys1 = [n \in Names |-> IF n \in new THEN T.free1[n - nextPage + 1] ELSE T.phys1[n]],
+              !.phys1 = [n \in Names |-> IF n \in new THEN Take(T.free1, n - nextPage + 1) ELSE T.phys1[n]],
               !.free1 = SubSeq(T.free1, Len(P.items) + 1, Len(T.free1))]
 
 (* Each item's row maps its attached pages (each gains a holder) and then *)
@@ -684,7 +688,7 @@ Split(x, at) ==
                           ![nextExtent] = [refcount |-> 1, pages |-> SubSeq(ps, 1, at)],
                           ![nextExtent + 1] = [refcount |-> 1, pages |-> SubSeq(ps, at + 1, Len(ps))]]
     /\ nextExtent' = nextExtent + 2
-    /\ held' = [held EXCEPT ![x.generation] = 0, ![nextExtent] = 1, ![nextExtent + 1] = 1]   \* ghost
+    /\ held' = [held EXCEPT ![x.generation] = @ - 1, ![nextExtent] = 1, ![nextExtent + 1] = 1]   \* ghost: control gives up the reference it passed
     /\ UNCHANGED <<runtimeVars, requestVars, pageVars, copyVars, poolVars, memoryVars, batchVars, transferVars>>
 
 (* Retain: a live extent gains a reference. *)
@@ -785,7 +789,7 @@ Restart ==
     /\ numTokens' = [s \in Slots |-> 0]             \* redundant: a slot not live has no observable count (protocol 2.1; View hides it) and OpenRequest sets it to 0
     /\ holders' = [n \in Names |-> 0]
     /\ versions' = [n \in Names |-> 0]
-    /\ nextPage' = 0
+    /\ nextPage' = 0                                 \* legal: page names are the runtime's to number (protocol 2.2); a runtime that goes on counting is another legal one
     /\ state1' = [n \in Names |-> "absent"]
     /\ phys1' = [n \in Names |-> -1]
     /\ state2' = [n \in Names |-> "absent"]
@@ -795,7 +799,7 @@ Restart ==
     /\ deferred1' = [p \in Phys1 |-> {}]
     /\ deferred2' = [p \in Phys2 |-> {}]
     /\ extents' = [g \in EIds |-> NoExtent]
-    /\ nextExtent' = 1
+    /\ nextExtent' = 1                               \* legal: extent generations are the runtime's to number (protocol 2.2); a runtime that goes on counting is another legal one
     /\ held' = [g \in EIds |-> 0]                                        \* ghost: every reference is stale
     /\ batches' = [b \in BIds |-> NoBatch]
     /\ nextBatch' = 0
@@ -1129,7 +1133,9 @@ O4 == [][epoch' = epoch =>
 (* reserved, in batch order: with none the row is all computed; the first  *)
 (* starts at the computed count, each next where the one before ends, the  *)
 (* last at the row's end.  So executing a batch counts its tokens, and a   *)
-(* prepared batch is the only way a row grows.                             *)
+(* prepared batch is the only way a row grows.  An item that reserved more *)
+(* than its one new token attached extents, which only an empty row may    *)
+(* (InvalidPlan): attached pages are the row's prefix.                     *)
 PreparedOn(s) == {b \in BIds : batches[b].state = "prepared" /\ s \in Range(batches[b].slots)}
 StartOf(b, s) == batches[b].startTokens[CHOOSE i \in DOMAIN batches[b].slots : batches[b].slots[i] = s]
 EndOf(b, s) == batches[b].ends[CHOOSE i \in DOMAIN batches[b].slots : batches[b].slots[i] = s]
@@ -1142,6 +1148,8 @@ O4_Rows ==
           ELSE /\ \A b \in P : (\A c \in P : b <= c) => StartOf(b, s) = numTokens[s]
                /\ \A b \in P : (\A c \in P : c <= b) => EndOf(b, s) = Len(pages[s])
                /\ \A b, c \in P : b < c /\ (\A d \in P : d <= b \/ c <= d) => StartOf(c, s) = EndOf(b, s)
+    /\ \A b \in BIds : \A i \in DOMAIN batches[b].slots :
+          batches[b].ends[i] - batches[b].startTokens[i] > 1 => batches[b].startTokens[i] = 0
 
 (* D1: a live extent covers one or more pages, each written (Publish takes *)
 (* computed pages only, Split leaves neither half empty), so a row that    *)
@@ -1228,7 +1236,8 @@ T3 == [][epoch' # epoch => inflight = {} \/ lost]_vars
 (* copy valid or filling, after Restore a device copy valid or filling,    *)
 (* after Demote no device copy but a dropping one, after Drop no host copy *)
 (* but a dropping one.  An ENABLED predicate, as H3's: no submit step that *)
-(* does otherwise is enabled.                                              *)
+(* does otherwise is enabled.  Without a host tier every intent raises    *)
+(* NoL2, so no transfer ever starts.                                       *)
 Tickets(is) == Cardinality({k \in DOMAIN is : is[k].kind \in {"Backup", "Restore"}})
 Applied(i) == \A n \in Range(extents[i.extent.generation].pages) :
                  CASE i.kind = "Backup" -> state2'[n] \in Backed
@@ -1244,6 +1253,18 @@ T4 == /\ \A g \in LiveExts :
               /\ ~ENABLED (SubmitDemote(x) /\ ~Accepted(one("Demote")))
               /\ ~ENABLED (SubmitDrop(x) /\ ~Accepted(one("Drop")))
       /\ MaxSubmitIntents >= 2 => \A i, j \in TierIntents : ~ENABLED (Submit(<<i, j>>) /\ ~Accepted(<<i, j>>))
+      /\ L2Pages = 0 => nextTransfer = 0
+
+(* The environment's failures are not vacuous: while they are modelled and *)
+(* the runtime is up, it can be lost, and a batch that could execute can   *)
+(* fail in compute instead.  Without these a model whose failure actions   *)
+(* change nothing would pass F2 and F3 for want of a failure.  Two names:  *)
+(* TLC evaluates the second's ENABLED (all of FailBatches) about as slowly *)
+(* as the rest of a state's checks together, so only a small model checks *)
+(* it (tla/README.md).                                                     *)
+LossPossible == Faults /\ ~lost => ENABLED (RuntimeLost /\ lost')
+ComputeFailurePossible == Faults /\ ~lost =>
+    \A b \in BIds : CanExecute(BatchH(b)) => ENABLED (FailCompute(BatchH(b)) /\ batches'[b].state = "failed")
 
 (* Liveness: every started transfer completes (or is discarded by a        *)
 (* restart); every prepared batch is eventually executed or cancelled.     *)

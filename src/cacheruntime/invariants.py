@@ -303,6 +303,29 @@ def T2_filling_has_transfer(state: AbstractState) -> Violations:
     return out
 
 
+def T4_submit_applies(after: AbstractState, intents: tuple[object, ...], tickets: tuple[object, ...]) -> Violations:
+    """A submit the runtime accepted did what its intents say: a ticket per Backup, Restore and
+    Persist, and on every page of the last intent's extent the copy it asks for. Judged in the
+    state right after the submit: a transfer that lands or fails later moves the copies on."""
+    out = []
+    ticketed = sum(isinstance(i, (protocol.Backup, protocol.Restore, protocol.Persist)) for i in intents)
+    if len(tickets) != ticketed:
+        out.append(f"{len(tickets)} tickets for {ticketed} Backup, Restore and Persist intents")
+    last = intents[-1] if intents else None
+    kept, gone = (CopyState.VALID, CopyState.FILLING), (CopyState.ABSENT, CopyState.DROPPING)
+    asked = {protocol.Backup: (Tier.L2, kept), protocol.Restore: (Tier.L1, kept), protocol.Demote: (Tier.L1, gone), protocol.Drop: (Tier.L2, gone)}
+    if not isinstance(last, (protocol.Backup, protocol.Restore, protocol.Demote, protocol.Drop)):
+        return out
+    tier, allowed = asked[type(last)]
+    extent = next((e for e in after.extents if e.generation == last.extent.generation), None)
+    copies = {p.page: (p.l1 if tier is Tier.L1 else p.l2) for p in after.pages}
+    for page in extent.pages if extent else ():
+        copy = copies.get(page, CopyState.ABSENT)
+        if copy not in allowed:
+            out.append(f"after {type(last).__name__}: page {page}'s {tier.value} copy is {copy.value}")
+    return out
+
+
 # -- L3 and host staging ------------------------------------------------------------------
 
 

@@ -21,8 +21,10 @@ invariant measures the spec by, so it is not mutated.
 
 Each mutant is killed (TLC reports a named invariant or property violated), redundant (TLC
 passes with the baseline's distinct-state count under the spec's VIEW, and the guard's
-comment says why: `redundant: <reason>`), survives (anything else that passes), or ends in
-an evaluation error, which is reported in its own column and is not a kill.
+comment says why: `redundant: <reason>`), legal (an effect the contract leaves to the runtime,
+such as where a new epoch's numbering starts: commented `legal: <reason>`, and TLC must pass it,
+whatever its count, or the spec forbids a legal runtime), survives (anything else that passes), or
+ends in an evaluation error, which is reported in its own column and is not a kill.
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ class Mutant:
     def reason(self) -> str | None:
         """The one-line reason the spec gives beside the guard for its being redundant."""
         m = re.search(r"redundant: (.*)", self.comment)
+        return m.group(1).strip() if m else None
+
+    @property
+    def legal(self) -> str | None:
+        """Why the mutant is another legal runtime (the contract leaves the value free), as the
+        spec's comment beside the effect says it (`legal: <reason>`)."""
+        m = re.search(r"legal: (.*)", self.comment)
         return m.group(1).strip() if m else None
 
     def apply(self, text: str) -> str:
@@ -207,6 +216,20 @@ def effect_variables(text: str) -> dict[str, set[str]]:
     return direct
 
 
+_UNCHANGED = re.compile(r"UNCHANGED\s*(<<[^>]*>>|\w+)")
+
+
+def framed_variables(text: str) -> dict[str, set[str]]:
+    """For each definition, the variables and groups its own `UNCHANGED` clauses name."""
+    found = {}
+    for d in definitions(text):
+        names: set[str] = set()
+        for m in _UNCHANGED.finditer(_code(text[d.start : d.end])):
+            names |= {n.strip() for n in m.group(1).strip("<>").split(",") if n.strip()}
+        found[d.name] = names
+    return found
+
+
 def _code(text: str) -> str:
     """The text with every comment blanked out (same length, so offsets still match)."""
     return "\n".join(code + " " * (len(line) - len(code)) for line in text.split("\n") for code in [_strip_comment(line)[0]])
@@ -217,12 +240,13 @@ def generate(text: str) -> list[Mutant]:
     defs = definitions(text)
     names = [d.name for d in defs]
     effects = effect_variables(text)
+    frames = framed_variables(text)
     mutants: list[Mutant] = []
     for d in defs[: names.index(LAST)]:
         if d.name in NOT_MUTATED:
             continue
         counters = {"guard": 0, "effect": 0, "altered": 0}
-        for kind, start, end, replacement, comment in _changes(text, d, effects):
+        for kind, start, end, replacement, comment in _changes(text, d, effects, frames):
             counters[kind] += 1
             ident = f"{d.name}.{kind[0] if kind != 'altered' else 'a'}{counters[kind]}"
             line = text.count("\n", 0, start) + 1
@@ -231,7 +255,7 @@ def generate(text: str) -> list[Mutant]:
     return mutants
 
 
-def _changes(text: str, d: _Definition, effects: dict[str, set[str]]):
+def _changes(text: str, d: _Definition, effects: dict[str, set[str]], frames: dict[str, set[str]]):
     """(kind, start, end, replacement, comment) of each mutant of definition d, in the order they are numbered."""
     for c in conjuncts(text, d):
         if not c.leaf:
@@ -246,7 +270,12 @@ def _changes(text: str, d: _Definition, effects: dict[str, set[str]]):
                 if m and m.group(2).strip() != m.group(1):
                     yield "effect", a, b, f"{m.group(1)}' = {m.group(1)}", c.comment
             elif called:
-                touched = sorted(set().union(*(effects[n] for n in called)))
+                touched = set().union(*(effects[n] for n in called))
+                if "UNCHANGED" not in _code(text[d.start : d.end]):
+                    # the call frames the whole step (FailCompute's FailBatches): what it keeps
+                    # UNCHANGED stays so too, or the mutant leaves those variables unspecified
+                    touched |= set().union(*(frames[n] for n in called))
+                touched = sorted(touched)
                 yield "effect", a, b, f"UNCHANGED <<{', '.join(touched)}>>", c.comment
             else:
                 yield "guard", a, b, "TRUE", c.comment
@@ -304,6 +333,8 @@ class Result:
         """killed / redundant / bound / survives / error, as the kill table's verdict column says it."""
         if self.mutant.bound:
             return "model bound"
+        if self.mutant.legal:
+            return "legal" if self.got == "pass" else "REJECTS LEGAL"
         if self.got.startswith("violation:"):
             return "killed"
         if self.got.startswith("error:") or self.got == "deadlock":
@@ -320,6 +351,10 @@ class Result:
             return f"{self.mutant.reason} ({self.distinct} states, as the spec)"
         if v == "model bound":
             return "not a protocol guard; not run"
+        if v == "legal":
+            return f"{self.mutant.legal} ({self.distinct} states, every invariant holds)"
+        if v == "REJECTS LEGAL":
+            return f"{self.got}: the spec forbids what it calls legal: {self.mutant.legal}"
         if v == "error":
             return self.got
         same = "same" if self.distinct == baseline else "other"
@@ -327,7 +362,17 @@ class Result:
         return f"{self.distinct} states ({same} count as the spec){why}"
 
 
-def run_tlc(spec_text: str, config: Path, *, java: str, jar: Path, workers: int) -> tuple[str, int | None, float, str]:
+def heap_megabytes(jobs: int) -> int:
+    """Java heap for each of `jobs` TLCs run together: half the machine's memory shared out, at
+    most 4 GiB each. Java's default (a quarter of the memory each) lets sixteen TLCs ask for four
+    times the machine, and on the 16-core machine some were killed (`exit -9`)."""
+    import os
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    return max(256, min(4096, total // 2 // max(1, jobs)))
+
+
+def run_tlc(spec_text: str, config: Path, *, java: str, jar: Path, workers: int, heap_mb: int | None = None) -> tuple[str, int | None, float, str]:
     """TLC on one spec text with `config`: (label, distinct states, seconds, output)."""
     from cacheruntime.tlc import parse_output
 
@@ -338,7 +383,9 @@ def run_tlc(spec_text: str, config: Path, *, java: str, jar: Path, workers: int)
         (work / "MC.cfg").write_text(config.read_text())
         # its own java.io.tmpdir: TLCs started together otherwise share the folder SANY unpacks the
         # standard modules into, and one read a half-written module (a "Module-Table lookup" error)
-        cmd = [java, "-XX:+UseParallelGC", "-Xss16m", f"-Djava.io.tmpdir={work}", "-cp", str(jar), "tlc2.TLC", "-workers", str(workers)]
+        cmd = [java, "-XX:+UseParallelGC", "-Xss16m", f"-Djava.io.tmpdir={work}"]
+        cmd += [f"-Xmx{heap_mb}m"] if heap_mb else []
+        cmd += ["-cp", str(jar), "tlc2.TLC", "-workers", str(workers)]
         cmd += ["-metadir", str(work / "states"), "-deadlock", "-config", "MC.cfg", "CacheRuntime.tla"]
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
@@ -361,7 +408,7 @@ def run_all(spec_text: str, mutants: list[Mutant], configs: dict[str, Path], *, 
         config = model_of(m, configs)
         if m.bound:
             return Result(m, "not run", None, 0.0, config.name)
-        got, distinct, seconds, _ = run_tlc(m.apply(spec_text), config, java=java, jar=jar, workers=workers)
+        got, distinct, seconds, _ = run_tlc(m.apply(spec_text), config, java=java, jar=jar, workers=workers, heap_mb=heap_megabytes(jobs))
         r = Result(m, got, distinct, seconds, config.name)
         if progress:
             progress(r)
@@ -371,7 +418,7 @@ def run_all(spec_text: str, mutants: list[Mutant], configs: dict[str, Path], *, 
         return list(pool.map(one, mutants))
 
 
-VERDICTS = ("killed", "redundant", "SURVIVES", "error", "model bound")
+VERDICTS = ("killed", "redundant", "legal", "SURVIVES", "REJECTS LEGAL", "error", "model bound")
 
 
 def counts(results: list[Result], baselines: dict[str, int]) -> dict[str, int]:
@@ -468,4 +515,4 @@ def run_cli(manifest: dict, tla_dir: Path, *, subset: str, java: str, jar: Path,
             print(f"DIFFERS {line}")
         return 1 if wrong else 0
     c = counts(results, baselines)
-    return 1 if c["SURVIVES"] or c["error"] else 0
+    return 1 if c["SURVIVES"] or c["REJECTS LEGAL"] or c["error"] else 0

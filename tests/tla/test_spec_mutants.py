@@ -71,6 +71,25 @@ def test_a_redundant_verdict_needs_the_same_count_and_a_reason():
     assert specmutants.Result(guard, "violation:H1", 5, 1.0).verdict(100) == "killed"
 
 
+def test_a_legal_verdict_needs_a_reason_and_a_pass():
+    """An effect the contract leaves to the runtime (a new epoch's numbering) is another legal
+    runtime: it must pass, with any count; a violation means the spec forbids a legal runtime."""
+    numbering = BY_ID["Restart.e9"]
+    assert numbering.original == "nextPage' = 0" and numbering.legal
+    assert specmutants.Result(numbering, "pass", 7, 1.0).verdict(100) == "legal"
+    assert specmutants.Result(numbering, "violation:R1", 7, 1.0).verdict(100) == "REJECTS LEGAL"
+    assert BY_ID["Restart.e19"].legal and not BY_ID["Restart.e10"].legal
+
+
+def test_a_call_that_frames_the_whole_step_keeps_its_frame_when_dropped():
+    """FailCompute's only effect is FailBatches, which names what stays UNCHANGED: dropping it
+    leaves every variable as it was (a stuttering step), never one unspecified."""
+    dropped = BY_ID["FailCompute.e1"]
+    assert dropped.original == "FailBatches(bh)"
+    assert dropped.replacement.startswith("UNCHANGED <<") and dropped.replacement.endswith(">>")
+    assert {"runtimeVars", "memoryVars", "batches", "pages"} <= set(dropped.replacement[len("UNCHANGED <<") : -2].split(", "))
+
+
 try:
     JAVA, JAR = tlc.find_java(), tlc.find_jar()
 except tlc.ToolMissing as missing:  # pragma: no cover - depends on the machine

@@ -289,7 +289,17 @@ class ReferenceModel(Batches, Extents, Transfers, Pages, HandleChecks):
                 outcome = self.apply_intent(intent)
                 if isinstance(outcome, TransferTicket):
                     tickets.append(outcome)
+        self.judge_submit(intents, tuple(tickets))
         return tuple(tickets)
+
+    def judge_submit(self, intents: tuple[object, ...], tickets: tuple[TransferTicket, ...]) -> None:
+        """T4 on the model itself, right after a submit it accepted (the suite's runtimes are not
+        yet held to it: spec/invariants.md, planned)."""
+        from cacheruntime.invariants import InvariantViolation, T4_submit_applies
+
+        violations = T4_submit_applies(self.probe(), intents, tickets)
+        if violations:
+            raise InvariantViolation("T4", violations)
 
     @operation
     def l3_exists(self, keys: tuple[str, ...]) -> tuple[bool, ...]:

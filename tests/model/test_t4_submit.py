@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from tests.model.modelkit import extent, new_model
 
 from cacheruntime.invariants import InvariantViolation, T4_submit_applies
 from cacheruntime.protocol import Backup, CopyState, Demote, Drop, Restore
-from tests.model.modelkit import extent, new_model
 
 
 def _with_copy(state, page: int, **copy):

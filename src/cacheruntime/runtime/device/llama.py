@@ -87,13 +87,16 @@ class LlamaRunner:
         inverse = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
         angles = torch.arange(max_positions, dtype=torch.float32, device=device)[:, None] * inverse[None, :]
         self.cos, self.sin = angles.cos(), angles.sin()
-        # The elementwise steps of a layer: eagerly each is several passes over the activations
-        # (float32 conversions, a kernel per product and sum), a sixth of a prefill's time on the
-        # H200 (docs/gpu-record.md); compiled on CUDA, each is one kernel, and a short prefill,
-        # whose time is the host's launching, launched no faster eagerly (docs/gpu-record.md,
-        # benchmarks/diagnostics/prefillhost.py). CPU runs them eagerly.
+        # Between two attentions is one compiled region on CUDA: the rest of a layer and the
+        # next layer's work up to its attention. Eagerly, each elementwise step is several
+        # passes over the activations (float32 conversions, a kernel per product and sum), a
+        # sixth of a prefill's time on the H200; compiled one function per step, a short
+        # prefill's time was the host's calls into five compiled functions a layer
+        # (docs/gpu-record.md, benchmarks/diagnostics/prefillhost.py). One region keeps the
+        # fused kernels with one such call a layer. CPU runs them eagerly.
         fuse = (lambda f: torch.compile(f, dynamic=True)) if device.type == "cuda" else (lambda f: f)
-        self._norm, self._rotate, self._swiglu = fuse(_rms_norm), fuse(_rotate), fuse(_swiglu)
+        self._before_attention, self._between_attentions = fuse(_before_attention), fuse(_between_attentions)
+        self._after_attention, self._norm = fuse(_after_attention), fuse(_rms_norm)
         #: decode steps replayed from CUDA graphs (on CUDA, where attention runs the compiled kernel)
         self.graphs = DecodeGraphs(self._decode_step, device) if cuda_graphs and device.type == "cuda" else None
         #: prefill items attend through `row_attention` (None: where attention runs the compiled kernel)
@@ -218,20 +221,58 @@ class LlamaRunner:
         n = ids.shape[0]
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[ids]
-        norm, rotate, swiglu = self._norm, self._rotate, self._swiglu
-        for index, w in enumerate(self.layers):
-            q, k, v = (norm(x, w["attn_norm"]) @ w["qkv"]).split(self.qkv_split, dim=-1)
-            q = rotate(q.view(n, self.query_heads, cfg.head_dim), cos, sin)
-            k = rotate(k.view(n, cfg.heads, cfg.head_dim), cos, sin)
-            attended = attend(index, q, k, v.reshape(n, cfg.heads, cfg.head_dim))
-            # the residual adds ride in the products' epilogues (addmm): two kernels fewer per layer
-            x = torch.addmm(x, attended.reshape(n, -1), w["o"])
-            x = torch.addmm(x, swiglu(norm(x, w["mlp_norm"]) @ w["gate_up"]), w["down"])
-        return x
+        heads = (self.query_heads, cfg.heads, cfg.head_dim)
+        first, last = self.layers[0], self.layers[-1]
+        q, k, v = self._before_attention(x, first["attn_norm"], first["qkv"], cos, sin, self.qkv_split, heads)
+        for index, (w, after) in enumerate(zip(self.layers, self.layers[1:])):
+            attended = attend(index, q, k, v).reshape(n, -1)
+            x, q, k, v = self._between_attentions(
+                x, attended, w["o"], w["mlp_norm"], w["gate_up"], w["down"], after["attn_norm"], after["qkv"], cos, sin, self.qkv_split, heads
+            )
+        attended = attend(len(self.layers) - 1, q, k, v).reshape(n, -1)
+        return self._after_attention(x, attended, last["o"], last["mlp_norm"], last["gate_up"], last["down"])
 
     def _next_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy next token of each row of `hidden` `[m, hidden]`."""
         return (self._norm(hidden, self.final_norm) @ self.unembed).float().argmax(dim=-1)
+
+
+def _before_attention(
+    x: torch.Tensor, gain: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, split: tuple[int, int, int], heads: tuple[int, int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's queries, keys and values of tokens `x` `[n, hidden]`, rotated; `heads` is (query heads, KV heads, head_dim)."""
+    n = x.shape[0]
+    query_heads, kv_heads, head_dim = heads
+    q, k, v = (_rms_norm(x, gain) @ qkv).split(split, dim=-1)
+    return _rotate(q.view(n, query_heads, head_dim), cos, sin), _rotate(k.view(n, kv_heads, head_dim), cos, sin), v.reshape(n, kv_heads, head_dim)
+
+
+def _after_attention(x: torch.Tensor, attended: torch.Tensor, o: torch.Tensor, gain: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The rest of a layer: the output projection and the MLP, each added to the residual `x`.
+
+    The residual adds ride in the products' epilogues (addmm): two kernels fewer per layer.
+    """
+    x = torch.addmm(x, attended, o)
+    return torch.addmm(x, _swiglu(_rms_norm(x, gain) @ gate_up), down)
+
+
+def _between_attentions(
+    x: torch.Tensor,
+    attended: torch.Tensor,
+    o: torch.Tensor,
+    mlp_gain: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    attn_gain: torch.Tensor,
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    split: tuple[int, int, int],
+    heads: tuple[int, int, int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rest of one layer after its attention, then the next layer's work before its own: (residual, q, k, v)."""
+    x = _after_attention(x, attended, o, mlp_gain, gate_up, down)
+    return (x, *_before_attention(x, attn_gain, qkv, cos, sin, split, heads))
 
 
 def _rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:

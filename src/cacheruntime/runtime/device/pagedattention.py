@@ -188,12 +188,14 @@ def row_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, r
     compiled shapes. FlexAttention's compiled kernel is specialised to its static shape
     (batch, query length, pool), so prompts of every length would each compile their own;
     the decode steps, whose shapes the batch-size buckets bound, keep it. Query i sits at
-    position `len(row) - n + i` (lower-right causal alignment).
+    position `len(row) - n + i` (lower-right causal alignment). Query heads share their KV head
+    inside the kernel (`enable_gqa`), so the gathered K and V are not repeated per group.
     """
     n, q_heads, _ = q.shape
-    groups = q_heads // k_pool.shape[1]
-    keys, values = (pool.index_select(0, row).repeat_interleave(groups, dim=1).transpose(0, 1)[None] for pool in (k_pool, v_pool))
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=causal_lower_right(n, row.shape[0]))
+    keys, values = (pool.index_select(0, row).transpose(0, 1)[None] for pool in (k_pool, v_pool))
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys, values, attn_mask=causal_lower_right(n, row.shape[0]), enable_gqa=q_heads != k_pool.shape[1]
+    )
     return out[0].transpose(0, 1)
 
 

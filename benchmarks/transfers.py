@@ -84,8 +84,8 @@ def _baselines(args: Any, device: torch.device, clock: Clock, nbytes: int) -> tu
     return median(h2d), median(d2h)
 
 
-def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, base_h2d, base_d2h, rng) -> None:
-    # An extent over `pages` pages whose device and host pages lie in scattered runs of `run_len`.
+def scattered_extent(rt: Any, page_size: int, run_len: int, pages: int, rng: random.Random) -> Any:
+    """An extent over `pages` pages, backed up and demoted, whose device and host pages lie in scattered runs of `run_len`."""
     fragment_free_list(rt, Tier.L1, run_len, pages, rng)
     fragment_free_list(rt, Tier.L2, run_len, pages, rng)
     request = rt.open_request()
@@ -95,6 +95,11 @@ def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, 
     rt.submit((Backup(extent),))
     rt.wait_completions()
     rt.submit((Demote(extent),))
+    return extent
+
+
+def _one(args, device, clock, rows, rt, mem, page_size, run_len, pages, nbytes, base_h2d, base_d2h, rng) -> None:
+    extent = scattered_extent(rt, page_size, run_len, pages, rng)
 
     def protocol_restore() -> float:
         fragment_free_list(rt, Tier.L1, run_len, pages, rng)

@@ -44,7 +44,7 @@ else
   work=$(mktemp -d)
   cp tla/CacheRuntime.tla "$work/"
   cp "tla/$DEEP_CONFIG" "$work/MC.cfg"
-  (cd "$work" && timeout "${DEEP_SECONDS:-480}" "$JAVA_HOME/bin/java" -XX:+UseParallelGC -Xss16m -cp "$DEEP_TOOLS/tla2tools.jar" tlc2.TLC \
+  (cd "$work" && timeout "${DEEP_SECONDS:-480}" "$JAVA_HOME/bin/java" -XX:+UseParallelGC -Xss16m -Djava.io.tmpdir="$work" -cp "$DEEP_TOOLS/tla2tools.jar" tlc2.TLC \
     -workers "$(nproc)" -metadir "$work/states" -config MC.cfg -deadlock CacheRuntime.tla) >"$OUT/tlc_deep.log" 2>&1
   rc=$?
 fi

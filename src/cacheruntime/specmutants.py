@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from cacheruntime.tlatools import tlc_java
+
 #: Definitions that are not actions or their helpers: the type invariant, the initial predicate.
 NOT_MUTATED = frozenset({"TypeOK", "Init"})
 #: Where the mutated part of the module ends: Next and what follows are not mutated.
@@ -381,11 +383,8 @@ def run_tlc(spec_text: str, config: Path, *, java: str, jar: Path, workers: int,
         work = Path(tmp)
         (work / "CacheRuntime.tla").write_text(spec_text)
         (work / "MC.cfg").write_text(config.read_text())
-        # its own java.io.tmpdir: TLCs started together otherwise share the folder SANY unpacks the
-        # standard modules into, and one read a half-written module (a "Module-Table lookup" error)
-        cmd = [java, "-XX:+UseParallelGC", "-Xss16m", f"-Djava.io.tmpdir={work}"]
-        cmd += [f"-Xmx{heap_mb}m"] if heap_mb else []
-        cmd += ["-cp", str(jar), "tlc2.TLC", "-workers", str(workers)]
+        java_command = tlc_java(java, jar, work)
+        cmd = java_command[:1] + ([f"-Xmx{heap_mb}m"] if heap_mb else []) + java_command[1:] + ["-workers", str(workers)]
         cmd += ["-metadir", str(work / "states"), "-deadlock", "-config", "MC.cfg", "CacheRuntime.tla"]
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     out = proc.stdout + proc.stderr

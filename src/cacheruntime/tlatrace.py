@@ -59,7 +59,7 @@ from cacheruntime.protocol import (
     Tier,
     TierIntent,
 )
-from cacheruntime.tlatools import find_jar
+from cacheruntime.tlatools import find_jar, tlc_java
 
 TLA_DIR = specfiles.tla_dir()
 
@@ -669,7 +669,7 @@ def run_tlc(name: str, module: str, cfg: str, *, spec: Path | None, workers: int
         shutil.copy(spec or TLA_DIR / "CacheRuntime.tla", work / "CacheRuntime.tla")
         (work / f"{name}.tla").write_text(module)
         (work / f"{name}.cfg").write_text(cfg)
-        command = [java, "-XX:+UseParallelGC", "-Xss16m", "-cp", jar or str(find_jar()), "tlc2.TLC", *options, "-workers", str(workers)]
+        command = [*tlc_java(java, jar or find_jar(), work), *options, "-workers", str(workers)]
         command += ["-metadir", str(work / "states"), "-config", f"{name}.cfg", f"{name}.tla"]
         proc = subprocess.run(command, cwd=work, capture_output=True, text=True)
     out = proc.stdout + proc.stderr

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from cacheruntime import runtimetrace, specfiles
 from cacheruntime.cliargs import input_file, positive_int
-from cacheruntime.tlatools import ToolMissing, find_jar, find_java
+from cacheruntime.tlatools import ToolMissing, find_jar, find_java, tlc_java
 
 TLA_DIR = specfiles.tla_dir()
 MANIFEST = TLA_DIR / "manifest.json"
@@ -201,12 +201,7 @@ def run_model(model: dict, *, workers: int, java: str, jar: Path, tla_dir: Path 
         shutil.copy(tla_dir / model["config"], work / "MC.cfg")
         simulate = model.get("simulate")
         cmd = [
-            java,
-            "-XX:+UseParallelGC",
-            "-Xss16m",
-            "-cp",
-            str(jar),
-            "tlc2.TLC",
+            *tlc_java(java, jar, work),
             "-workers",
             # a simulation is reproducible from its seed with one worker only (with more, which
             # worker draws which trace depends on timing)

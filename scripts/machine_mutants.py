@@ -3,8 +3,12 @@
 cosmic-ray makes every single-site mutation of the ledger modules (an operator swapped, a
 comparison flipped, a constant changed, a condition negated, a loop emptied, ...); each
 mutant is the landed `LocalGPURuntime` with that one change, and it is killed when the
-conformance suite's CI profile (checks core, tiers, restart, ordering, in that order,
-first violation only) fails on `cacheruntime.runtime.factories:conformance`.
+conformance suite's CI profile fails on it (first violation only): every check
+`cacheruntime.runtime.factories:conformance` claims (core, tiers, restart, ordering,
+faults, in that order), then the storage check on `conformance_l3` in both host modes, as
+CI runs it. The ledger serves all of them, so a mutant judged by fewer checks (the first
+four, as this script ran until 2026-12-04) survives in code only the others reach: failure
+paths and L3.
 
     python scripts/machine_mutants.py                       # every mutant of pages.py
     python scripts/machine_mutants.py --module transfers.py --sample 40 --seed 1
@@ -40,9 +44,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-CHECKS = ("core", "tiers", "restart", "ordering")
+CHECKS = ("core", "tiers", "restart", "ordering", "faults")
 LEDGER = Path("src/cacheruntime/runtime/ledger")
 TARGET = "cacheruntime.runtime.factories:conformance"
+#: the storage check's runtime: L3 over the file store, in each host mode (tests/conformance/test_storage_check.py)
+L3_TARGET = "cacheruntime.runtime.factories:conformance_l3"
+HOST_MODES = ("resident", "buffer_only")
 
 
 # -- the equivalence rule -------------------------------------------------------------------
@@ -86,9 +93,11 @@ def test_command() -> int:
     from cacheruntime.conformance.runner import run_check
     from cacheruntime.conformance.target import Target
 
-    for check in CHECKS:
-        outcome = run_check(Target(TARGET), check, profile("ci", shrink=False), keep_going=False)
-        print(f"{check}: {outcome.status} {','.join(outcome.ids)} ({outcome.seconds:.1f}s)", flush=True)
+    runs = [(check, Target(TARGET)) for check in CHECKS]
+    runs += [("storage", Target(L3_TARGET, (("host_mode", mode),))) for mode in HOST_MODES]
+    for check, target in runs:
+        outcome = run_check(target, check, profile("ci", shrink=False), keep_going=False)
+        print(f"{check} {dict(target.options) or ''}: {outcome.status} {','.join(outcome.ids)} ({outcome.seconds:.1f}s)", flush=True)
         if outcome.status == "failed":
             print(outcome.message[:2000])
             return 1

@@ -105,8 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--process-model-config", help="Llama preset of the process section's real-model rows (llama3-8b)")
     g.add_argument("--process-model-batches", type=_ints, help="decode batch sizes of the process section's real-model rows (16,64)")
     g.add_argument("--process-model-context", type=int, help="context tokens per request in the real-model rows (2048)")
-    g.add_argument("--process-model-steps", type=int, help="timed decode steps per topology in the real-model ITL rows (60)")
+    g.add_argument("--process-model-steps", type=int, help="timed decode steps per topology in the real-model ITL rows (300)")
     g.add_argument("--process-model-idle-steps", type=int, help="decode steps per phase of the GPU idle rows (40)")
+    g.add_argument("--process-model-spin-us", type=_ints, help="spin windows (us) of the process runtimes in the real-model rows (0,20000)")
     g.add_argument("--cpu-page-size", type=int, help="page size for the cpu section (16)")
     g.add_argument("--model-config", help="Llama preset for the model section (llama3-8b)")
     g.add_argument("--model-batches", type=_ints, help="decode batch sizes for the model section (1,16,64,256)")
@@ -165,7 +166,7 @@ DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
     "process_model_config": ("llama3-8b", "llama3-8b", "llama-small", "llama-small"),
     "process_model_batches": ([16, 64], [16], [2], [2]),
     "process_model_context": (2048, 2048, 32, 16),
-    "process_model_steps": (60, 20, 6, 3),
+    "process_model_steps": (300, 20, 6, 3),
     "process_model_idle_steps": (40, 10, 4, 2),
     "process_model_spin_us": ([0, 20000], [0, 20000], [0, 1000], [0, 1000]),
     "cpu_warmup": (4, 2, 2, 1),

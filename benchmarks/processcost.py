@@ -91,10 +91,11 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                         steps[name]()
                     splits[name].update(dict.fromkeys(CALLS, 0.0))
                 process = runtimes["process"]
-                sent, unsent = sum(process.messages.values()), sum(process.unsent.values())
+                sent, unsent, short = sum(process.messages.values()), sum(process.unsent.values()), sum(process.short.values())
                 timed = alternating(steps, args.cpu_steps)
                 messages = (sum(process.messages.values()) - sent) / args.cpu_steps
                 unsent = (sum(process.unsent.values()) - unsent) / args.cpu_steps
+                short = (sum(process.short.values()) - short) / args.cpu_steps
                 rows.append(
                     Row(
                         SECTION,
@@ -110,6 +111,7 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                             "context": args.cpu_context,
                             "messages_per_step": messages,
                             "calls_without_message_per_step": unsent,  # polls that must report nothing (client.py)
+                            "short_messages_per_step": short,  # the accepted plan again, its completion as tokens (client.py)
                             "per_call_us": {name: {k: v / args.cpu_steps * 1e6 for k, v in split.items()} for name, split in splits.items()},
                             "block_means_us": {name: [round(m * 1e6, 2) for m in side["block_means"]] for name, side in timed.items()},
                         },

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from benchmarks import hooks
-from benchmarks.cpucost import CALLS, alternating, timed_step
+from benchmarks.cpucost import BLOCKS, CALLS, alternating, timed_step
 from benchmarks.harness import close_runtime
 from benchmarks.processcost import Matcher
 from benchmarks.report import Row
@@ -162,8 +162,11 @@ def _measure(
             timed_step(rt, plans[name], splits[name])
         splits[name] = dict.fromkeys(CALLS, 0.0)
     sides = {name: (lambda rt=rt, name=name: timed_step(rt, plans[name], splits[name])) for name, rt in runtimes.items()}
+    sent = {name: _counts(rt) for name, rt in runtimes.items() if name != "local"}
     timed = alternating(sides, steps)
+    per_step = {name: {k: (v - sent[name][k]) / steps for k, v in _counts(runtimes[name]).items()} for name in sent}
     processes = [name for name in runtimes if name != "local"]
+    itl_details: dict[str, dict[str, Any]] = {}
     for name in processes:
         rows.append(
             Row(
@@ -181,15 +184,17 @@ def _measure(
                     "context": context,
                     "steps": steps,
                     "per_call_us": {side: {k: v / steps * 1e6 for k, v in splits[side].items()} for side in (name, "local")},
+                    "per_step": per_step[name],  # messages, calls answered without one, messages in short form
                     "block_means_ms": {side: [round(m * 1e3, 3) for m in timed[side]["block_means"]] for side in (name, "local")},
                 },
             )
         )
+        itl_details[name] = rows[-1].detail
     if paths is None:
         return
     matcher = Matcher(args.cpu_page_size, args.seed)
     matcher.start()
-    gaps: dict[str, dict[str, list[float]]] = {}
+    gaps: dict[str, dict[str, Any]] = {}
     try:
         for name, rt in runtimes.items():
             gaps[name] = {}
@@ -206,11 +211,16 @@ def _measure(
             matcher.check()
             spans = json.loads(Path(paths[name]).read_text())
             gaps[name] = _idle_gaps(spans, warmup + steps, idle)
+            gaps[name]["itl"] = _itl_split(spans[warmup : warmup + steps])
     finally:
         matcher.stopped = True
         matcher.running.set()
         matcher.join()
     for name in processes:
+        # The ITL steps' own GPU time, split: each side's forward (CUDA events) and its idle time
+        # between forwards of one block. A step's time is about their sum; the boundary adds to the
+        # idle part, while a difference in the forward part is the two runtimes' GPU work.
+        itl_details[name]["itl_gpu_ms"] = {side: gaps[side]["itl"] for side in (name, "local")}
         for phase, words in (("quiet", "control quiet"), ("busy", "a control thread matching prefixes")):
             process, local = gaps[name][phase], gaps["local"][phase]
             rows.append(
@@ -230,6 +240,20 @@ def _measure(
                     },
                 )
             )
+
+
+def _counts(process: Any) -> dict[str, int]:
+    return {"messages": sum(process.messages.values()), "unsent": sum(process.unsent.values()), "short": sum(process.short.values())}
+
+
+def _itl_split(spans: list[list[float]]) -> dict[str, float]:
+    """Mean forward and mean idle gap (ms) of one side's ITL steps, gaps taken within the
+    blocks `alternating` ran them in (a gap across blocks holds the other sides' steps)."""
+    blocks = max(1, min(BLOCKS, len(spans)))
+    sizes = [len(spans) // blocks + (1 if i < len(spans) % blocks else 0) for i in range(blocks)]
+    starts = list(itertools.accumulate(sizes, initial=0))
+    idle = [b[0] - a[1] for first, end in itertools.pairwise(starts) for a, b in itertools.pairwise(spans[first:end])]
+    return {"forward_ms": statistics.mean(e - s for s, e in spans), "idle_ms": statistics.mean(idle) if idle else float("nan")}
 
 
 def _idle_gaps(spans: list[list[float]], skip: int, idle: int) -> dict[str, Any]:

@@ -4,9 +4,10 @@ Per boundary call of a decode step (prepare, execute, poll) on `ProcessGPURuntim
 bench's bookkeeping-only runtime, the mean microseconds of: the client's encoding and
 decoding, the runtime process's decoding, the operation itself and its encoding of the
 reply (timed inside the runtime process by wrapping them there), and what is left, the
-link (ZeroMQ's sockets and threads, the two processes waking up).
+link: the socket, the two processes waking up, and each side's untimed work around those
+parts (the client's call, the server's loop and the polls it replays first).
 
-    python -m benchmarks.diagnostics.processsplit --device cuda --batches 1,16,64
+    PYTHONPATH=src:. python3 -m benchmarks.diagnostics.processsplit --device cpu --batches 16,64 --spin-us 20000
 """
 
 from __future__ import annotations
@@ -59,13 +60,16 @@ class _TimedWire:
     """The server's wire, its decoding and encoding timed per operation."""
 
     def __init__(self, wire: Any, totals: Any, counts: Any):
-        self.OK, self.error_reply, self._wire = wire.OK, wire.error_reply, wire
+        self._wire = wire
         self._totals, self._counts, self._operation = totals, counts, ""
+
+    def __getattr__(self, name: str) -> Any:  # everything but the two timed functions, as the wire has it
+        return getattr(self._wire, name)
 
     def loads(self, data: bytes) -> Any:
         t = time.perf_counter()
         message = self._wire.loads(data)
-        self._operation = message[0]
+        self._operation = message[0].partition(" ")[0]  # wire.PREPARE_AGAIN is a prepare_batch
         self._add("server loads " + self._operation, t)
         return message
 
@@ -85,6 +89,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--spin-us", type=float, default=0.0, help="each side busy-polls this long before it sleeps (client.py)")
     args = parser.parse_args()
     for batch in [int(b) for b in args.batches.split(",")]:
         _one(batch, args)
@@ -97,7 +102,7 @@ def _one(batch: int, args: argparse.Namespace) -> None:
 
     stats = tempfile.mktemp(suffix=".json")
     sizes = dict(page_size=16, max_requests=batch, max_request_tokens=2048, l1_pages=batch * 128 + 8, l2_pages=0)
-    rt = ProcessGPURuntime("benchmarks.diagnostics.processsplit:timed_runtime", stats_path=stats, device=args.device, seed=0, **sizes)
+    rt = ProcessGPURuntime("benchmarks.diagnostics.processsplit:timed_runtime", stats_path=stats, spin_us=args.spin_us, device=args.device, seed=0, **sizes)
     requests = [rt.open_request() for _ in range(batch)]
     rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * 256) for r in requests))))
     plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
@@ -108,7 +113,7 @@ def _one(batch: int, args: argparse.Namespace) -> None:
     def timed_dumps(message: Any) -> bytes:
         t = time.perf_counter()
         out = dumps(message)
-        totals["client dumps " + message[0]] += time.perf_counter() - t
+        totals["client dumps " + message[0].partition(" ")[0]] += time.perf_counter() - t
         return out
 
     current = [""]
@@ -139,7 +144,7 @@ def _one(batch: int, args: argparse.Namespace) -> None:
         client.wire.dumps, client.wire.loads = dumps, loads
     rt.close()
     server = json.loads(Path(stats).read_text())  # the server's means include the warm-up steps
-    print(f"B={batch} ({args.device}), mean us per call over {args.steps} steps:")
+    print(f"B={batch} ({args.device}, spin {args.spin_us:g} us), mean us per call over {args.steps} steps:")
     print("  call               client  c.dumps  c.loads  s.loads  s.op   s.dumps  link")
     for op in OPERATIONS:
         n = args.steps

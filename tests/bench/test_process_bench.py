@@ -27,12 +27,14 @@ def test_the_process_section_measures_both_topologies(tmp_path: Path) -> None:
     steps = [r for name, r in rows.items() if name.startswith("host time per decode step")]
     assert [r["detail"]["batch"] for r in steps] == [1, 16]
     assert all((r["detail"]["messages_per_step"], r["detail"]["calls_without_message_per_step"]) == (2, 1) for r in steps)
+    assert all(r["detail"]["short_messages_per_step"] == 2 for r in steps)  # the plan again, its completion as tokens
     assert "round trip of one call (poll_completions, nothing in flight)" in rows
     busy = [r for name, r in rows.items() if "control thread matches prefixes" in name]
     assert len(busy) == 2 and all(r["detail"]["prefixes_matched_per_s"] > 0 for r in busy)
     itl = [r for name, r in rows.items() if name.startswith("decode ITL")]  # the real-model rows (a tiny preset on CPU)
     assert [(r["detail"]["batch"], r["measurement"].rsplit(", ", 1)[1]) for r in itl] == [(2, "spin 0 us"), (2, "spin 1000 us")]
     assert all(r["target"] == "ratio <= 1.03" for r in itl)
+    assert all(r["detail"]["per_step"] == {"messages": 2, "unsent": 1, "short": 2} for r in itl)
     assert not any(name.startswith("GPU idle") for name in rows)  # CUDA events only: skipped on CPU, said so
     for r in doc["rows"]:
         assert r["section"] == "process" and all(math.isfinite(r[k]) and r[k] > 0 for k in ("value", "baseline", "ratio"))

@@ -22,6 +22,7 @@ from cacheruntime.protocol import (
     BatchCompletion,
     BatchItem,
     BatchPlan,
+    CacheRuntimeError,
     ItemResult,
     OutOfPages,
     PreparedBatchHandle,
@@ -296,3 +297,72 @@ def test_the_job_runs_on_a_runtime_process_without_pyzmq():
     done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert _field(done.stdout, "output_mismatches") == "0"
+
+
+def _repeated_plans(rt):
+    """A decode set prepared as one immutable plan step after step (its short form across the
+    boundary), broken by a plan the runtime rejects, a plan of equal but other items, another
+    set, and a restart; every result or error, then the state."""
+    out: list = []
+
+    def call(fn, *args):
+        try:
+            out.append(fn(*args))
+        except CacheRuntimeError as error:
+            out.append((type(error).__name__, str(error)))
+
+    requests = [rt.open_request() for _ in range(3)]
+    call(lambda: rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1, 2, 3)) for r in requests)))))
+    decode = BatchPlan(tuple(BatchItem(r, append_previous_output=True) for r in requests))
+    for _ in range(3):
+        call(lambda: rt.execute_batch(rt.prepare_batch(decode)))
+    held = [rt.prepare_batch(decode), rt.prepare_batch(decode)]  # two prepared at once, neither executed
+    for batch in reversed(held):
+        call(rt.cancel_batch, batch)
+    equal = BatchPlan(tuple(BatchItem(r, append_previous_output=True) for r in requests))  # equal values, other objects
+    call(lambda: rt.execute_batch(rt.prepare_batch(equal)))
+    call(lambda: rt.execute_batch(rt.prepare_batch(decode)))  # the accepted items are now `equal`'s
+    call(rt.close_request, requests[2])
+    call(rt.prepare_batch, decode)  # a closed request: rejected, whatever form it crossed in
+    two = BatchPlan(decode.items[:2], (Backup(rt.publish(requests[0], 0, 1)),))
+    for _ in range(2):
+        call(lambda: rt.execute_batch(rt.prepare_batch(two)))
+    rt.restart()
+    call(rt.prepare_batch, two)  # stale handles after the restart
+    return [*out, rt.wait_completions(), rt.probe()]
+
+
+def test_a_plan_prepared_again_crosses_short_and_everything_is_as_in_process():
+    from cacheruntime.runtime.factories import conformance
+
+    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    local.info()
+    try:
+        assert _repeated_plans(process) == _repeated_plans(local)
+        # Short: every prepare of the accepted plan's very items (decode's 2nd and 3rd steps, both held
+        # batches, decode with a closed request, `two` again, `two` after the restart), none of `equal`
+        # or of `decode` after it; and every completion (each of the accepted plan's own handles).
+        assert (process.short["prepare_batch"], process.short["execute_batch"]) == (7, 8)
+    finally:
+        process.close()
+        local.close()
+
+
+def test_only_a_plan_the_runtime_accepted_is_remembered_and_a_completion_crosses_short_only_on_its_handles():
+    requests = [RequestRuntimeHandle("local", 0, slot, 1) for slot in range(3)]
+    items = tuple(BatchItem(r, (1,)) for r in requests)
+    assert wire.accepted_items(BatchPlan(items)) is items
+    assert wire.accepted_items(type("Plan", (BatchPlan,), {})(items)) is None  # not exactly a BatchPlan: crosses whole
+
+    def completion(handles, cls=ItemResult):
+        return BatchCompletion(PreparedBatchHandle("local", 0, 4), tuple(cls(h, 9, 7) for h in handles), (), ())
+
+    accepted = wire.requests_of(items)
+    parts = wire.completion_on_plan(completion(requests), accepted)
+    assert wire.completion_of_plan(parts, accepted) == completion(requests)
+    equal = [RequestRuntimeHandle("local", 0, slot, 1) for slot in range(3)]
+    assert wire.completion_on_plan(completion(equal), accepted) is None  # equal handles, not the plan's own
+    assert wire.completion_on_plan(completion(requests[:2]), accepted) is None
+    assert wire.completion_on_plan(completion(requests[::-1]), accepted) is None
+    assert wire.completion_on_plan(completion(requests, type("Result", (ItemResult,), {})), accepted) is None
+    assert wire.completion_on_plan(completion(requests), None) is None

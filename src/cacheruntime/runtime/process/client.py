@@ -21,6 +21,10 @@ flight this saves one round trip of three per step; a poll while transfers are i
 or after any call but `execute_batch`, still crosses, since only the runtime process can
 see what finished.
 
+A decode step in short form (`wire.py` says how): a `prepare_batch` of the very items of
+the plan the runtime accepted last crosses as its intents alone, and an `execute_batch`
+completion of that plan's handles as its token columns; `short` counts both.
+
 Transport: one Unix stream socket in a private directory (the runtime process connects to
 the client's), framed by the standard library's `multiprocessing.connection` (each message
 its length and then its bytes: `send_bytes`, `recv_bytes`), request and reply in strict turn. Its descriptor is polled together with the process's exit
@@ -71,6 +75,7 @@ from typing import Any
 from cacheruntime.protocol import (
     AbstractState,
     BatchCompletion,
+    BatchItem,
     BatchPlan,
     CacheExtentRef,
     InvalidArgument,
@@ -115,7 +120,15 @@ class ProcessGPURuntime:
         self.messages: Counter[str] = Counter()
         #: Boundary calls answered without a message, per operation (only `poll_completions`).
         self.unsent: Counter[str] = Counter()
+        #: Messages that crossed in short form, per operation: a `prepare_batch` of the accepted
+        #: plan's items (its intents only), an `execute_batch` completion of them (its tokens only).
+        self.short: Counter[str] = Counter()
         self._quiet = False  # the runtime process said a poll now reports nothing (execute_batch's reply)
+        #: The items of the plan the runtime accepted last (`wire.accepted_items`), and their handles:
+        #: the runtime process remembers the same, so a plan with these very items crosses as its
+        #: intents alone, and a completion of them as its token columns (below, "A decode step").
+        self._accepted: tuple[BatchItem, ...] | None = None
+        self._accepted_requests: list[RequestRuntimeHandle] | None = None
         self._unsent_polls = 0  # polls answered here since the last message: the next one carries them
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
         self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
@@ -203,6 +216,7 @@ class ProcessGPURuntime:
         """RuntimeLost: the runtime process is gone; drop the socket, reap the process."""
         self.lost_cause = cause
         self._quiet, self._unsent_polls = False, 0  # polls of a lost epoch: nothing can count them now
+        self._accepted = self._accepted_requests = None  # a new process remembers no plan
         if self._link is not None:
             self._link.close()
             self._link = None
@@ -227,7 +241,7 @@ class ProcessGPURuntime:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
         try:
             self._link.send_bytes(data)
-            self.messages[operation] += 1
+            self.messages[operation.partition(" ")[0]] += 1  # PREPARE_AGAIN is a prepare_batch
             self._quiet, self._unsent_polls = False, 0
             ready = self._wait_reply(timeout_s)
             if not ready:
@@ -244,6 +258,9 @@ class ProcessGPURuntime:
             self._stop()
             raise
         self._quiet = wire.quiet(reply)
+        if reply[0] == wire.ON_PLAN:
+            self.short[operation] += 1
+            return wire.completion_of_plan(reply[1], self._accepted_requests)  # type: ignore[arg-type]
         return wire.raise_reply(reply)
 
     def _wait_reply(self, timeout_s: float | None) -> list[tuple[int, int]]:
@@ -308,7 +325,15 @@ class ProcessGPURuntime:
         self._forward("close_request", request)
 
     def prepare_batch(self, plan: BatchPlan) -> PreparedBatchHandle:
-        return self._forward("prepare_batch", plan)  # type: ignore[no-any-return]
+        with self._lock:
+            if self._accepted is not None and type(plan) is BatchPlan and plan.items is self._accepted:
+                self.short["prepare_batch"] += 1
+                return self._call(wire.PREPARE_AGAIN, plan.intents)  # type: ignore[no-any-return]
+            batch = self._call("prepare_batch", plan)
+            items = wire.accepted_items(plan)  # accepted: the runtime process now remembers the same
+            if items is not self._accepted:
+                self._accepted, self._accepted_requests = items, wire.requests_of(items)
+            return batch  # type: ignore[no-any-return]
 
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
         return self._forward("execute_batch", batch)  # type: ignore[no-any-return]

@@ -21,6 +21,7 @@ import time
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+from cacheruntime.protocol import BatchItem, BatchPlan, RequestRuntimeHandle
 from cacheruntime.recording import BOUNDARY_OPERATIONS
 from cacheruntime.runtime.local import LocalGPURuntime
 from cacheruntime.runtime.process import wire
@@ -77,6 +78,8 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     # at B=256 that was 1.2 ms of a 1.45 ms plan decode here (250 us with the collector held off).
     gc.collect()
     gc.freeze()
+    accepted: tuple[BatchItem, ...] | None = None  # the items of the plan accepted last (`wire.accepted_items`)
+    requests: list[RequestRuntimeHandle] | None = None  # their handles, the very objects
     try:
         while True:
             operation, args, kwargs, unsent_polls = wire.loads(receive(link, poller, spin_s))
@@ -86,12 +89,20 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                 runtime.close()
                 link.send_bytes(wire.dumps((wire.OK, None)))
                 return
+            if operation == wire.PREPARE_AGAIN:  # the client's plan has the accepted plan's very items
+                operation, args = "prepare_batch", (BatchPlan(accepted, *args),)  # type: ignore[arg-type]
             try:
                 if operation not in OPERATIONS:
                     raise AttributeError(f"the runtime process serves no operation {operation!r}")
-                reply: tuple[Any, ...] = (wire.OK, getattr(runtime, operation)(*args, **kwargs))
-                if operation == "execute_batch" and poll_reports_nothing(runtime):
-                    reply += (True,)
+                value = getattr(runtime, operation)(*args, **kwargs)
+                reply: tuple[Any, ...] = (wire.OK, value)
+                if operation == "prepare_batch":
+                    items = wire.accepted_items(args[0])
+                    if items is not accepted:
+                        accepted, requests = items, wire.requests_of(items)
+                elif operation == "execute_batch":
+                    parts = wire.completion_on_plan(value, requests)
+                    reply = (wire.OK if parts is None else wire.ON_PLAN, value if parts is None else parts, poll_reports_nothing(runtime))
             except Exception as error:
                 reply = wire.error_reply(error)
             link.send_bytes(wire.dumps(reply))

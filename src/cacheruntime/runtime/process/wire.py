@@ -1,10 +1,24 @@
 """The process runtime's messages: protocol values to bytes and back, one message per boundary call.
 
 A request is `(operation, args, kwargs, unsent polls)` (the polls the client answered
-itself since its last message, `client.py`), a reply `(OK, value)` (`(OK, value, True)`
-for an `execute_batch` after which a poll reports nothing), `(ERROR, [type name,
-message, attributes])` for a typed error, or `(CRASH, exception type name, message)` for
-an untyped one (a bug, or a test knob's `ValueError`).
+itself since its last message, `client.py`), a reply `(OK, value)` (an `execute_batch`'s
+is `(OK, completion, quiet)`, quiet True when a poll now reports nothing),
+`(ERROR, [type name, message, attributes])` for a typed error, or `(CRASH, exception type
+name, message)` for an untyped one (a bug, or a test knob's `ValueError`).
+
+A decode step's short forms. Control keeps one immutable plan for a running decode set
+(the ledger's decode cache relies on it too), so both sides remember the items of the plan
+the runtime accepted last (`accepted_items`) and their handles. A `prepare_batch` of those
+very items is the request `(PREPARE_AGAIN, (intents,), ...)`, and the runtime process
+prepares a plan of its own copy of them: the same tuple its ledger checked, so its decode
+cache holds, as in-process. A completion whose items are exactly `ItemResult`s of that
+plan's own handles, in order, is the reply `(ON_PLAN, [batch, token counts, next tokens,
+published, tickets], quiet)`, and control rebuilds it around the handles it holds. Both
+sides remember only after the same successful `prepare_batch`, and accepted items are
+immutable all the way down (checked tuples of ints and frozen records), so the two copies
+stay equal. On the H200 host at B=64 this took the plan's encoding and decoding from 86 and
+68 us to 6-9 and 4-5, the runtime process's `prepare_batch` from 104 to 36-53 us (29-41
+in-process), and the completion's from 62 and 137 to 22-30 and 17-25 (docs/benchmarks.md).
 
 Serialization is pickle (protocol 5) with a dispatch table that reduces each frozen attrs
 record of `cacheruntime.protocol` to its constructor and field values, so that pickle's C
@@ -60,12 +74,14 @@ import attrs
 from cacheruntime import protocol
 from cacheruntime.protocol import BatchCompletion, BatchItem, BatchPlan, CacheRuntimeError, ItemResult, RequestRuntimeHandle
 
-OK, ERROR, CRASH = 0, 1, 2
+OK, ERROR, CRASH, ON_PLAN = 0, 1, 2, 3
+#: The request of a `prepare_batch` whose plan has the items of the plan accepted last: it carries the intents only.
+PREPARE_AGAIN = "prepare_batch again"
 
 
 def quiet(reply: tuple[Any, ...]) -> bool:
     """Whether `reply` is an `execute_batch`'s that says a poll now reports nothing (`server.poll_reports_nothing`)."""
-    return len(reply) == 3 and reply[0] == OK
+    return len(reply) == 3 and reply[2] is True
 
 
 _ERRORS: dict[str, type[CacheRuntimeError]] = {c.__name__: c for c in vars(protocol).values() if isinstance(c, type) and issubclass(c, CacheRuntimeError)}
@@ -191,6 +207,45 @@ def plan_of_columns(columns: list[Any], intents: Any) -> BatchPlan:
 def completion_of_columns(batch: Any, columns: list[Any], published: Any, tickets: Any) -> BatchCompletion:
     """Rebuild a completion that crossed as columns."""
     return BatchCompletion(batch, _items(ItemResult, columns), published, tickets)
+
+
+_request_of = operator.attrgetter("request")
+_num_tokens_of = operator.attrgetter("num_tokens")
+_next_token_of = operator.attrgetter("next_token")
+
+
+def accepted_items(plan: Any) -> tuple[BatchItem, ...] | None:
+    """What a side remembers of a plan the runtime accepted: its items if it is exactly a `BatchPlan`.
+
+    Both sides apply this to the same plan after the same successful `prepare_batch`, so they
+    remember the same items. Accepted items are immutable all the way down (the runtime checked
+    them: a tuple of `BatchItem`s, each with a tuple of ints and a tuple of extent references),
+    so the next plan with the very same tuple can cross as `PREPARE_AGAIN`."""
+    return plan.items if type(plan) is BatchPlan else None
+
+
+def requests_of(items: tuple[BatchItem, ...] | None) -> list[RequestRuntimeHandle] | None:
+    return None if items is None else list(map(_request_of, items))
+
+
+def completion_on_plan(completion: Any, requests: list[RequestRuntimeHandle] | None) -> list[Any] | None:
+    """The parts of a completion whose items are exactly `ItemResult`s of the very handles `requests`
+    (the accepted plan's), in order: the batch, the token counts, the next tokens, published and
+    tickets; None for any other (it crosses whole)."""
+    if requests is None or type(completion) is not BatchCompletion:
+        return None
+    items = completion.items
+    if type(items) is not tuple or len(items) != len(requests) or not _exactly(ItemResult, items):
+        return None
+    if not all(map(operator.is_, map(_request_of, items), requests)):
+        return None
+    return [completion.batch, list(map(_num_tokens_of, items)), list(map(_next_token_of, items)), completion.published, completion.tickets]
+
+
+def completion_of_plan(parts: list[Any], requests: list[RequestRuntimeHandle]) -> BatchCompletion:
+    """The completion `completion_on_plan` took apart, with this side's handles of the accepted plan."""
+    batch, num_tokens, next_tokens, published, tickets = parts
+    return BatchCompletion(batch, _records(ItemResult, [requests, num_tokens, next_tokens]), published, tickets)
 
 
 def _reduce_plan(plan: BatchPlan) -> tuple[Any, ...]:

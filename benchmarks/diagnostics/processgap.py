@@ -209,6 +209,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--spin-us", default="0,1000,20000", help="spin windows (us) of the process runs")
+    parser.add_argument("--keep-local", action="store_true", help="keep the local runtime open while the process runtimes run (the bench holds all at once)")
     parser.add_argument("--page-size", type=int, default=128, help="128 on CUDA: the compiled attention kernel's page")
     args = parser.parse_args()
     from benchmarks.harness import close_runtime
@@ -230,7 +231,8 @@ def main() -> None:
             l1_pages=batch * (max_tokens // page) + 2,
             l2_pages=0,
         )
-        results = {}
+        results: dict[str, dict[str, float]] = {}
+        held: Any = None
         for label in ["local"] + [f"process spin {s} us" for s in args.spin_us.split(",")]:
             path = str(workdir / f"stamps-B{batch}-{len(results)}.json")
             control: list[tuple[str, int, int]] = []
@@ -239,6 +241,11 @@ def main() -> None:
             if label == "local":
                 rt = stamped_runtime(path, **options)
                 run_steps(rt, batch, args.context, args.warmup, args.steps, control)
+                if args.keep_local:  # alive (its model, its CUDA context) while the process runtimes run, as in the bench
+                    held = (rt, path, control, mine)
+                    gc.callbacks.remove(collections)
+                    results[label] = {}
+                    continue
                 close_runtime(rt)
             else:
                 client_module.wire = StampedWire(wire, mine, "c")  # type: ignore[attr-defined]
@@ -250,6 +257,9 @@ def main() -> None:
             gc.callbacks.remove(collections)
             results[label] = split(control, json.loads(Path(path).read_text()) + mine, args.steps)
             print(f"B={batch} {label}: " + json.dumps({k: round(v, 1) for k, v in results[label].items()}), flush=True)
+        if args.keep_local:
+            close_runtime(held[0])
+            results["local"] = split(held[2], json.loads(Path(held[1]).read_text()) + held[3], args.steps)
         keys = list(results["local"]) + [k for r in results.values() for k in r if k not in results["local"]]
         keys = list(dict.fromkeys(keys))
         print(f"B={batch}, mean us per step over {args.steps} steps:")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -102,18 +103,21 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
     page = args.model_page_size
     warmup, steps, idle = args.cpu_warmup, args.process_model_steps, args.process_model_idle_steps
     decode_steps = warmup + steps + 2 * idle
-    for batch in args.process_model_batches:
-        with guard(SECTION, f"real model B={batch}"):
-            context = args.process_model_context
-            max_tokens = -(-(context + decode_steps + 1) // page) * page + page
-            sizes = dict(page_size=page, max_requests=batch, max_request_tokens=max_tokens, l1_pages=batch * (max_tokens // page) + 2, l2_pages=0)
-            names = ["local", *(_process_name(spin) for spin in args.process_model_spin_us)]
-            paths = {name: str(workdir / f"timeline-{name.replace(' ', '-')}-B{batch}.json") for name in names}
-            runtimes = _all(args, device, cuda, paths, decode_steps, sizes)
-            try:
-                _measure(args, runtimes, paths if cuda else None, batch, context, (warmup, steps, idle), rows)
-            finally:
-                _close(runtimes)
+    try:
+        for batch in args.process_model_batches:
+            with guard(SECTION, f"real model B={batch}"):
+                context = args.process_model_context
+                max_tokens = -(-(context + decode_steps + 1) // page) * page + page
+                sizes = dict(page_size=page, max_requests=batch, max_request_tokens=max_tokens, l1_pages=batch * (max_tokens // page) + 2, l2_pages=0)
+                names = ["local", *(_process_name(spin) for spin in args.process_model_spin_us)]
+                paths = {name: str(workdir / f"timeline-{name.replace(' ', '-')}-B{batch}.json") for name in names}
+                runtimes = _all(args, device, cuda, paths, decode_steps, sizes)
+                try:
+                    _measure(args, runtimes, paths if cuda else None, batch, context, (warmup, steps, idle), rows)
+                finally:
+                    _close(runtimes)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _process_name(spin_us: int) -> str:

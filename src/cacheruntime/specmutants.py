@@ -383,8 +383,7 @@ def run_tlc(spec_text: str, config: Path, *, java: str, jar: Path, workers: int,
         work = Path(tmp)
         (work / "CacheRuntime.tla").write_text(spec_text)
         (work / "MC.cfg").write_text(config.read_text())
-        java_command = tlc_java(java, jar, work)
-        cmd = java_command[:1] + ([f"-Xmx{heap_mb}m"] if heap_mb else []) + java_command[1:] + ["-workers", str(workers)]
+        cmd = [*tlc_java(java, jar, work, heap_mb), "-workers", str(workers)]
         cmd += ["-metadir", str(work / "states"), "-deadlock", "-config", "MC.cfg", "CacheRuntime.tla"]
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     out = proc.stdout + proc.stderr

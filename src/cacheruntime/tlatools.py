@@ -13,15 +13,17 @@ from pathlib import Path
 from cacheruntime import extras
 
 
-def tlc_java(java: str, jar: str | Path, work: Path) -> list[str]:
-    """The command that starts TLC from `jar`, its scratch files in `work` (a folder of its own).
+def tlc_java(java: str, jar: str | Path, work: Path, heap_mb: int | None = None) -> list[str]:
+    """The command that starts TLC from `jar`, its scratch files in `work` (a folder of its own),
+    with a heap of `heap_mb` MiB if given (else the JVM's default).
 
     SANY copies each standard module it reads out of the jar into java.io.tmpdir and deletes the
     copy when the JVM exits. TLCs that share that folder (pytest's two workers, the spec mutants'
     jobs) race on it: one reads a module another half wrote ("Module-Table lookup") or has just
     deleted ("Cannot find source file for module Integers"). A folder per run has no race.
     """
-    return [java, "-XX:+UseParallelGC", "-Xss16m", f"-Djava.io.tmpdir={work}", "-cp", str(jar), "tlc2.TLC"]
+    heap = [f"-Xmx{heap_mb}m"] if heap_mb else []
+    return [java, *heap, "-XX:+UseParallelGC", "-Xss16m", f"-Djava.io.tmpdir={work}", "-cp", str(jar), "tlc2.TLC"]
 
 
 class ToolMissing(RuntimeError):

@@ -9,6 +9,7 @@ the one that gives a runtime its store and persists and fetches (`KILLED_BY`).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, ClassVar
 
 from cacheruntime.conformance.storage import SuiteStore
@@ -29,10 +30,15 @@ class _Mutant(LocalGPURuntime):
     parts: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, device: str = "cpu", store: str = "file", l3: Any = None, **options: Any):
-        store_given = SuiteStore(store) if l3 is None else l3
+        own = SuiteStore(store) if l3 is None else None
         super().__init__(
-            device=device, **{**CONFORMANCE_OPTIONS, **suite_streams(device), **self.parts, **options}, host_mode=self.host_mode_name, l3=store_given
+            device=device,
+            **{**CONFORMANCE_OPTIONS, **suite_streams(device), **self.parts, **options},
+            host_mode=self.host_mode_name,
+            l3=l3 if own is None else own,
         )
+        if own is not None:  # a runtime leaves its store open (the store is the caller's): this one is ours
+            weakref.finalize(self, own.close)
 
 
 class _StagingFreedAtStartLedger(Ledger):

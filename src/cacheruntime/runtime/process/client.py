@@ -67,6 +67,7 @@ import socket
 import tempfile
 import threading
 import time
+import weakref
 from collections import Counter
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -133,6 +134,9 @@ class ProcessGPURuntime:
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
         self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
         self._directory = tempfile.mkdtemp(prefix="cacheruntime-process-")
+        # The socket directory goes with the client even if it is never closed (a test, a suite
+        # that drops its runtimes): at collection or at interpreter exit, whichever comes first.
+        self._remove_directory = weakref.finalize(self, shutil.rmtree, self._directory, True)
         self._link: Connection | None = None
         self._process: Any = None
         #: Waits on the socket and the process's exit sentinel together; built once per process, not per call.
@@ -308,7 +312,7 @@ class ProcessGPURuntime:
         """Stop the runtime process if any, and give back the socket context and the socket directory."""
         self._stop()
         self.lost_cause = "closed"
-        shutil.rmtree(self._directory, ignore_errors=True)
+        self._remove_directory()
 
     # -- the interface ------------------------------------------------------------------
 

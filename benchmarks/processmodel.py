@@ -190,6 +190,7 @@ def _measure(
                     "per_call_us": {side: {k: v / steps * 1e6 for k, v in splits[side].items()} for side in (name, "local")},
                     "per_step": per_step[name],  # messages, calls answered without one, messages in short form
                     "block_means_ms": {side: [round(m * 1e3, 3) for m in timed[side]["block_means"]] for side in (name, "local")},
+                    "control_gc_us": {side: timed[side]["gc_seconds"] * 1e6 for side in (name, "local")},  # collector pauses in control, per step
                 },
             )
         )

@@ -146,8 +146,9 @@ def machine() -> str:
     )
 
 
-def run_steps(rt: Any, batch: int, context: int, warmup: int, steps: int, control: list[tuple[str, int, int]]) -> None:
-    """Fill `batch` rows of `context` tokens, then `warmup` + `steps` decode steps; the last `steps` stamped in `control`."""
+def run_steps(rt: Any, batch: int, context: int, warmup: int, steps: int, control: list[tuple[str, int, int]], frozen: bool = False) -> None:
+    """Fill `batch` rows of `context` tokens, then `warmup` + `steps` decode steps; the last `steps` stamped in `control`
+    (with `frozen`, control's heap collected and frozen before them)."""
     from cacheruntime.protocol import BatchItem, BatchPlan
 
     requests = [rt.open_request() for _ in range(batch)]
@@ -155,6 +156,9 @@ def run_steps(rt: Any, batch: int, context: int, warmup: int, steps: int, contro
         rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * context) for r in requests[i : i + 8]))))
     plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
     for step in range(warmup + steps):
+        if step == warmup and frozen:  # as the bench's windows start (`harness.steady_gc`)
+            gc.collect()
+            gc.freeze()
         t = time.perf_counter_ns()
         handle = rt.prepare_batch(plan)
         t1 = time.perf_counter_ns()
@@ -164,6 +168,8 @@ def run_steps(rt: Any, batch: int, context: int, warmup: int, steps: int, contro
         t3 = time.perf_counter_ns()
         if step >= warmup:
             control += [("step", t, t3), ("prepare_batch", t, t1), ("execute_batch", t1, t2), ("poll_completions", t2, t3)]
+    if frozen:
+        gc.unfreeze()
 
 
 def split(control: list[tuple[str, int, int]], stamps: list[tuple[str, int, int]], steps: int) -> dict[str, float]:
@@ -209,6 +215,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--spin-us", default="0,1000,20000", help="spin windows (us) of the process runs")
+    parser.add_argument("--steady-gc", action="store_true", help="collect and freeze control's heap before the timed steps, as the bench does")
     parser.add_argument("--keep-local", action="store_true", help="keep the local runtime open while the process runtimes run (the bench holds all at once)")
     parser.add_argument("--page-size", type=int, default=128, help="128 on CUDA: the compiled attention kernel's page")
     args = parser.parse_args()
@@ -240,7 +247,7 @@ def main() -> None:
             collections = stamp_collections(mine)
             if label == "local":
                 rt = stamped_runtime(path, **options)
-                run_steps(rt, batch, args.context, args.warmup, args.steps, control)
+                run_steps(rt, batch, args.context, args.warmup, args.steps, control, args.steady_gc)
                 if args.keep_local:  # alive (its model, its CUDA context) while the process runtimes run, as in the bench
                     held = (rt, path, control, mine)
                     gc.callbacks.remove(collections)
@@ -251,7 +258,7 @@ def main() -> None:
                 client_module.wire = StampedWire(wire, mine, "c")  # type: ignore[attr-defined]
                 spin = float(label.split()[2])
                 rt = ProcessGPURuntime(FACTORY, spin_us=spin, stamps_path=path, in_runtime_process=True, **options)
-                run_steps(rt, batch, args.context, args.warmup, args.steps, control)
+                run_steps(rt, batch, args.context, args.warmup, args.steps, control, args.steady_gc)
                 rt.close()
                 client_module.wire = wire  # type: ignore[attr-defined]
             gc.callbacks.remove(collections)

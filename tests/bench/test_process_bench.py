@@ -35,6 +35,7 @@ def test_the_process_section_measures_both_topologies(tmp_path: Path) -> None:
     assert [(r["detail"]["batch"], r["measurement"].rsplit(", ", 1)[1]) for r in itl] == [(2, "spin 0 us"), (2, "spin 1000 us")]
     assert all(r["target"] == "ratio <= 1.03" for r in itl)
     assert all(r["detail"]["per_step"] == {"messages": 2, "unsent": 1, "short": 2} for r in itl)
+    assert all(set(r["detail"]["control_gc_us"]) == {"local", r["measurement"].split(" runner, ")[1]} for r in itl)
     assert not any(name.startswith("GPU idle") for name in rows)  # CUDA events only: skipped on CPU, said so
     for r in doc["rows"]:
         assert r["section"] == "process" and all(math.isfinite(r[k]) and r[k] > 0 for k in ("value", "baseline", "ratio"))

@@ -22,9 +22,11 @@ from cacheruntime.protocol import (
     BatchCompletion,
     BatchItem,
     BatchPlan,
+    CacheExtentRef,
     CacheRuntimeError,
     ItemResult,
     OutOfPages,
+    PageRun,
     PreparedBatchHandle,
     RequestRuntimeHandle,
     RuntimeFault,
@@ -348,11 +350,83 @@ def test_a_plan_prepared_again_crosses_short_and_everything_is_as_in_process():
         local.close()
 
 
-def test_only_a_plan_the_runtime_accepted_is_remembered_and_a_completion_crosses_short_only_on_its_handles():
+class _PlainPlan(BatchPlan):
+    """A plan subclass that crosses as a plain `BatchPlan` (the runtime takes subclasses)."""
+
+    def __reduce__(self):
+        return (BatchPlan, (self.items, self.intents))
+
+
+def _mutated_plans(rt):
+    """Plans whose lists (which the runtime takes where the protocol says tuple) change between two
+    prepares, and a plan subclass: every result or error, then the state."""
+    out: list = []
+
+    def call(fn):
+        try:
+            out.append(fn())
+        except CacheRuntimeError as error:
+            out.append((type(error).__name__, str(error)))
+
+    request = rt.open_request()
+    items = [BatchItem(request, (1, 2, 3))]
+    listed = BatchPlan(items)
+    call(lambda: rt.execute_batch(rt.prepare_batch(listed)))
+    items[0] = BatchItem(request, (4, 5))
+    call(lambda: rt.execute_batch(rt.prepare_batch(listed)))
+    ids = [6, 7]
+    by_list = BatchPlan((BatchItem(request, ids),))
+    call(lambda: rt.execute_batch(rt.prepare_batch(by_list)))
+    ids[:] = [-1]
+    call(lambda: rt.execute_batch(rt.prepare_batch(by_list)))
+    plain = _PlainPlan((BatchItem(request, (8,)),))
+    for _ in range(2):
+        call(lambda: rt.execute_batch(rt.prepare_batch(plain)))
+    return [*out, rt.probe()]
+
+
+def test_a_plan_whose_lists_change_in_place_and_a_plan_subclass_cross_whole_and_are_as_in_process():
+    from cacheruntime.runtime.factories import conformance
+
+    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    local.info()
+    try:
+        assert _mutated_plans(process) == _mutated_plans(local)
+        assert process.short == {}  # nothing was remembered, nothing crossed short
+    finally:
+        process.close()
+        local.close()
+
+
+def test_a_short_prepare_that_meets_a_dead_process_says_prepare_batch_and_counts_no_short_message():
+    process = ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    try:
+        plan = BatchPlan((BatchItem(process.open_request(), (1, 2)),))
+        process.execute_batch(process.prepare_batch(plan))
+        os.kill(process.pid, signal.SIGKILL)
+        process._process.join(5)
+        with pytest.raises(RuntimeFault, match=r"^prepare_batch: the runtime process is gone"):
+            process.prepare_batch(plan)  # the items remembered: it would cross short
+        assert process.short["prepare_batch"] == 0
+    finally:
+        process.close()
+
+
+def test_only_an_immutable_plan_is_remembered_and_a_completion_crosses_short_only_on_its_handles():
     requests = [RequestRuntimeHandle("local", 0, slot, 1) for slot in range(3)]
     items = tuple(BatchItem(r, (1,)) for r in requests)
-    assert wire.accepted_items(BatchPlan(items)) is items
-    assert wire.accepted_items(type("Plan", (BatchPlan,), {})(items)) is None  # not exactly a BatchPlan: crosses whole
+    assert wire.immutable_items(BatchPlan(items)) is items
+    extent = CacheExtentRef("local", 0, 3, (PageRun(0, 2),))
+    assert wire.immutable_items(BatchPlan((BatchItem(requests[0], (), (extent,)),))) is not None
+    for changeable in (
+        type("Plan", (BatchPlan,), {})(items),  # not exactly a BatchPlan
+        BatchPlan(list(items)),  # a list of items
+        BatchPlan((BatchItem(requests[0], [1]),)),  # a list of ids
+        BatchPlan((BatchItem(requests[0], (), [extent]),)),  # a list of extents
+        BatchPlan((BatchItem(requests[0], (), (CacheExtentRef("local", 0, 3, [PageRun(0, 2)]),)),)),  # a list of runs
+        BatchPlan((BatchItem(("local", 0, 0, 1), (1,)),)),  # a handle that is not one
+    ):
+        assert wire.immutable_items(changeable) is None, changeable
 
     def completion(handles, cls=ItemResult):
         return BatchCompletion(PreparedBatchHandle("local", 0, 4), tuple(cls(h, 9, 7) for h in handles), (), ())

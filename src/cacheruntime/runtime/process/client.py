@@ -22,8 +22,8 @@ or after any call but `execute_batch`, still crosses, since only the runtime pro
 see what finished.
 
 A decode step in short form (`wire.py` says how): a `prepare_batch` of the very items of
-the plan the runtime accepted last crosses as its intents alone, and an `execute_batch`
-completion of that plan's handles as its token columns; `short` counts both.
+the last immutable plan the runtime accepted crosses as its intents alone, and an
+`execute_batch` completion of that plan's handles as its token columns; `short` counts both.
 
 Transport: one Unix stream socket in a private directory (the runtime process connects to
 the client's), framed by the standard library's `multiprocessing.connection` (each message
@@ -125,9 +125,9 @@ class ProcessGPURuntime:
         #: plan's items (its intents only), an `execute_batch` completion of them (its tokens only).
         self.short: Counter[str] = Counter()
         self._quiet = False  # the runtime process said a poll now reports nothing (execute_batch's reply)
-        #: The items of the plan the runtime accepted last (`wire.accepted_items`), and their handles:
-        #: the runtime process remembers the same, so a plan with these very items crosses as its
-        #: intents alone, and a completion of them as its token columns (below, "A decode step").
+        #: The items of the last immutable plan the runtime accepted (`wire.PREPARE_REMEMBER`), and
+        #: their handles: the runtime process remembers the same, so a plan with these very items
+        #: crosses as its intents alone, and a completion of them as its token columns.
         self._accepted: tuple[BatchItem, ...] | None = None
         self._accepted_requests: list[RequestRuntimeHandle] | None = None
         self._unsent_polls = 0  # polls answered here since the last message: the next one carries them
@@ -234,18 +234,23 @@ class ProcessGPURuntime:
             self._process.kill()
         self._lose(self.lost_cause or "stopped by the client")
 
-    def _call(self, operation: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+    def _call(self, operation: str, *args: Any, timeout_s: float | None = None, sent_as: str = "", remember: Any = None, **kwargs: Any) -> Any:
         """One boundary call: one request message, then the reply or the process's death, whichever comes first
-        (`timeout_s`, for a process's first call only: TimeoutError if neither came by then)."""
+        (`timeout_s`, for a process's first call only: TimeoutError if neither came by then).
+
+        `sent_as`: the request's name on the wire if not `operation` (a short or remembering
+        `prepare_batch`); `remember`: the items to remember if the reply is OK (`PREPARE_REMEMBER`)."""
         if self._link is None:
             raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
         try:
-            data = wire.dumps((operation, args, kwargs, self._unsent_polls))
+            data = wire.dumps((sent_as or operation, args, kwargs, self._unsent_polls))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
         try:
             self._link.send_bytes(data)
-            self.messages[operation.partition(" ")[0]] += 1  # PREPARE_AGAIN is a prepare_batch
+            self.messages[operation] += 1
+            if sent_as == wire.PREPARE_AGAIN:
+                self.short[operation] += 1
             self._quiet, self._unsent_polls = False, 0
             ready = self._wait_reply(timeout_s)
             if not ready:
@@ -262,6 +267,8 @@ class ProcessGPURuntime:
             self._stop()
             raise
         self._quiet = wire.quiet(reply)
+        if remember is not None and reply[0] == wire.OK:  # as the runtime process did on sending it
+            self._accepted, self._accepted_requests = remember, wire.requests_of(remember)
         if reply[0] == wire.ON_PLAN:
             self.short[operation] += 1
             return wire.completion_of_plan(reply[1], self._accepted_requests)  # type: ignore[arg-type]
@@ -331,13 +338,11 @@ class ProcessGPURuntime:
     def prepare_batch(self, plan: BatchPlan) -> PreparedBatchHandle:
         with self._lock:
             if self._accepted is not None and type(plan) is BatchPlan and plan.items is self._accepted:
-                self.short["prepare_batch"] += 1
-                return self._call(wire.PREPARE_AGAIN, plan.intents)  # type: ignore[no-any-return]
-            batch = self._call("prepare_batch", plan)
-            items = wire.accepted_items(plan)  # accepted: the runtime process now remembers the same
-            if items is not self._accepted:
-                self._accepted, self._accepted_requests = items, wire.requests_of(items)
-            return batch  # type: ignore[no-any-return]
+                return self._call("prepare_batch", plan.intents, sent_as=wire.PREPARE_AGAIN)  # type: ignore[no-any-return]
+            items = wire.immutable_items(plan)
+            if items is None:  # a plan that could change in place: crosses whole, remembered by neither side
+                return self._call("prepare_batch", plan)  # type: ignore[no-any-return]
+            return self._call("prepare_batch", plan, sent_as=wire.PREPARE_REMEMBER, remember=items)  # type: ignore[no-any-return]
 
     def execute_batch(self, batch: PreparedBatchHandle) -> BatchCompletion:
         return self._forward("execute_batch", batch)  # type: ignore[no-any-return]

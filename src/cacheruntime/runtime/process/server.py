@@ -78,7 +78,7 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     # at B=256 that was 1.2 ms of a 1.45 ms plan decode here (250 us with the collector held off).
     gc.collect()
     gc.freeze()
-    accepted: tuple[BatchItem, ...] | None = None  # the items of the plan accepted last (`wire.accepted_items`)
+    accepted: tuple[BatchItem, ...] | None = None  # the items both sides remember (`wire.PREPARE_REMEMBER`)
     requests: list[RequestRuntimeHandle] | None = None  # their handles, the very objects
     try:
         while True:
@@ -89,17 +89,19 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                 runtime.close()
                 link.send_bytes(wire.dumps((wire.OK, None)))
                 return
-            if operation == wire.PREPARE_AGAIN:  # the client's plan has the accepted plan's very items
+            remember = operation == wire.PREPARE_REMEMBER
+            if remember:
+                operation = "prepare_batch"
+            elif operation == wire.PREPARE_AGAIN:  # the client's plan has the remembered plan's very items
                 operation, args = "prepare_batch", (BatchPlan(accepted, *args),)  # type: ignore[arg-type]
             try:
                 if operation not in OPERATIONS:
                     raise AttributeError(f"the runtime process serves no operation {operation!r}")
                 value = getattr(runtime, operation)(*args, **kwargs)
                 reply: tuple[Any, ...] = (wire.OK, value)
-                if operation == "prepare_batch":
-                    items = wire.accepted_items(args[0])
-                    if items is not accepted:
-                        accepted, requests = items, wire.requests_of(items)
+                if remember:  # accepted: the client remembers the same items on this reply
+                    accepted = args[0].items
+                    requests = wire.requests_of(accepted)
                 elif operation == "execute_batch":
                     parts = wire.completion_on_plan(value, requests)
                     reply = (wire.OK if parts is None else wire.ON_PLAN, value if parts is None else parts, poll_reports_nothing(runtime))

@@ -7,16 +7,17 @@ is `(OK, completion, quiet)`, quiet True when a poll now reports nothing),
 name, message)` for an untyped one (a bug, or a test knob's `ValueError`).
 
 A decode step's short forms. Control keeps one immutable plan for a running decode set
-(the ledger's decode cache relies on it too), so both sides remember the items of the plan
-the runtime accepted last (`accepted_items`) and their handles. A `prepare_batch` of those
-very items is the request `(PREPARE_AGAIN, (intents,), ...)`, and the runtime process
-prepares a plan of its own copy of them: the same tuple its ledger checked, so its decode
-cache holds, as in-process. A completion whose items are exactly `ItemResult`s of that
-plan's own handles, in order, is the reply `(ON_PLAN, [batch, token counts, next tokens,
-published, tickets], quiet)`, and control rebuilds it around the handles it holds. Both
-sides remember only after the same successful `prepare_batch`, and accepted items are
-immutable all the way down (checked tuples of ints and frozen records), so the two copies
-stay equal. On the H200 host at B=64 this took the plan's encoding and decoding from 86 and
+(the ledger's decode cache relies on it too), so both sides remember the items of one
+accepted plan and their handles. The client decides what is remembered: a plan whose items
+cannot change in place (`immutable_items`) is sent as `(PREPARE_REMEMBER, (plan,), ...)`,
+and when the runtime accepts it both sides remember its items, the client on the OK reply,
+the runtime process on the success it replies; any other plan, and any rejected one, leaves
+both memories as they were. A `prepare_batch` of the very items remembered is the request
+`(PREPARE_AGAIN, (intents,), ...)`, and the runtime process prepares a plan of its own copy:
+the same tuple its ledger checked, so its decode cache holds, as in-process. A completion
+whose items are exactly `ItemResult`s of the remembered plan's own handles, in order, is the
+reply `(ON_PLAN, [batch, token counts, next tokens, published, tickets], quiet)`, and
+control rebuilds it around the handles it holds. On the H200 host at B=64 this took the plan's encoding and decoding from 86 and
 68 us to 6-9 and 4-5, the runtime process's `prepare_batch` from 104 to 36-53 us (29-41
 in-process), and the completion's from 62 and 137 to 22-30 and 17-25 (docs/benchmarks.md).
 
@@ -66,16 +67,19 @@ import operator
 import pickle
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 import attrs
 
 from cacheruntime import protocol
-from cacheruntime.protocol import BatchCompletion, BatchItem, BatchPlan, CacheRuntimeError, ItemResult, RequestRuntimeHandle
+from cacheruntime.protocol import BatchCompletion, BatchItem, BatchPlan, CacheExtentRef, CacheRuntimeError, ItemResult, RequestRuntimeHandle
 
 OK, ERROR, CRASH, ON_PLAN = 0, 1, 2, 3
-#: The request of a `prepare_batch` whose plan has the items of the plan accepted last: it carries the intents only.
+#: A `prepare_batch` whose plan's items both sides should remember if the runtime accepts it
+#: (`immutable_items` holds for them); it carries the plan as a `prepare_batch` does.
+PREPARE_REMEMBER = "prepare_batch remember"
+#: A `prepare_batch` of a plan with the very items both sides remember: it carries the intents only.
 PREPARE_AGAIN = "prepare_batch again"
 
 
@@ -210,18 +214,33 @@ def completion_of_columns(batch: Any, columns: list[Any], published: Any, ticket
 
 
 _request_of = operator.attrgetter("request")
+_input_ids_of = operator.attrgetter("input_ids")
+_attach_of = operator.attrgetter("attach")
+_page_runs_of = operator.attrgetter("page_runs")
 _num_tokens_of = operator.attrgetter("num_tokens")
 _next_token_of = operator.attrgetter("next_token")
 
 
-def accepted_items(plan: Any) -> tuple[BatchItem, ...] | None:
-    """What a side remembers of a plan the runtime accepted: its items if it is exactly a `BatchPlan`.
+def immutable_items(plan: Any) -> tuple[BatchItem, ...] | None:
+    """The items of `plan` if nothing in them can change in place, else None: exactly a `BatchPlan`
+    whose items are a tuple of exactly `BatchItem`s, each with exactly a `RequestRuntimeHandle`, a
+    tuple of input ids and a tuple of attached extents, each extent's page runs a tuple.
 
-    Both sides apply this to the same plan after the same successful `prepare_batch`, so they
-    remember the same items. Accepted items are immutable all the way down (the runtime checked
-    them: a tuple of `BatchItem`s, each with a tuple of ints and a tuple of extent references),
-    so the next plan with the very same tuple can cross as `PREPARE_AGAIN`."""
-    return plan.items if type(plan) is BatchPlan else None
+    The runtime also takes lists where the protocol says tuple (`ledger/arguments.py`), and a
+    list can change between two prepares of the same plan: such a plan always crosses whole. Of
+    an immutable plan, what the runtime accepts is immutable all the way down (its checks leave
+    only ints and frozen records inside), so a copy of it stays equal to it."""
+    if type(plan) is not BatchPlan:
+        return None
+    items = plan.items
+    if type(items) is not tuple or not _exactly(BatchItem, items) or not _exactly(RequestRuntimeHandle, map(_request_of, items)):
+        return None
+    if not _exactly(tuple, map(_input_ids_of, items)) or not _exactly(tuple, map(_attach_of, items)):
+        return None
+    attached = list(chain.from_iterable(map(_attach_of, items)))
+    if attached and not (_exactly(CacheExtentRef, attached) and _exactly(tuple, map(_page_runs_of, attached))):
+        return None
+    return items
 
 
 def requests_of(items: tuple[BatchItem, ...] | None) -> list[RequestRuntimeHandle] | None:

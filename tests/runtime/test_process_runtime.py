@@ -8,6 +8,7 @@ as the runtime raised them, a clear error when the process cannot start, `close(
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -76,6 +77,21 @@ def test_the_main_job_runs_on_a_runtime_process_with_no_mismatch_and_no_torch_in
     assert done.stdout.strip().splitlines()[-1] == "exit 0 False"
 
 
+@contextlib.contextmanager
+def in_process_and_across(**options):
+    """The conformance runtime in this process and across the boundary (`options` for the client),
+    the local one started as the client starts its own (one `info` call); both closed after."""
+    from cacheruntime.runtime.factories import conformance
+
+    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance", **options)
+    local.info()
+    try:
+        yield local, process
+    finally:
+        process.close()
+        local.close()
+
+
 def _field(stdout: str, name: str) -> str:
     return next(line.split(None, 1)[1].strip() for line in stdout.splitlines() if line.split(None, 1)[:1] == [name])
 
@@ -123,33 +139,19 @@ def _decode_loop(rt):
 
 
 def test_polls_answered_without_a_message_leave_every_result_and_the_state_as_in_process():
-    from cacheruntime.runtime.factories import conformance
-
-    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
-    local.info()  # as the client did once, to start
-    try:
+    with in_process_and_across() as (local, process):
         assert _decode_loop(process) == _decode_loop(local)  # the probe last: B1's counts, pages, transfers
         assert process.unsent["poll_completions"] > 0 and process.messages["poll_completions"] > 0
-    finally:
-        process.close()
-        local.close()
 
 
 def test_sides_that_spin_before_they_sleep_give_the_same_results_and_still_see_a_death_at_once():
-    from cacheruntime.runtime.factories import conformance
-
-    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance", spin_us=5000)
-    local.info()
-    try:
+    with in_process_and_across(spin_us=5000) as (local, process):
         assert _decode_loop(process) == _decode_loop(local)
         os.kill(process.pid, signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(RuntimeFault, match="gone"):
             process.open_request()
         assert time.monotonic() - started < 2  # the spin ends at the exit sentinel, not at its deadline
-    finally:
-        process.close()
-        local.close()
 
 
 def test_a_poll_crosses_while_a_transfer_is_in_flight_and_a_dead_process_is_lost_at_an_unsent_poll():
@@ -335,19 +337,12 @@ def _repeated_plans(rt):
 
 
 def test_a_plan_prepared_again_crosses_short_and_everything_is_as_in_process():
-    from cacheruntime.runtime.factories import conformance
-
-    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
-    local.info()
-    try:
+    with in_process_and_across() as (local, process):
         assert _repeated_plans(process) == _repeated_plans(local)
         # Short: every prepare of the accepted plan's very items (decode's 2nd and 3rd steps, both held
         # batches, decode with a closed request, `two` again, `two` after the restart), none of `equal`
         # or of `decode` after it; and every completion (each of the accepted plan's own handles).
         assert (process.short["prepare_batch"], process.short["execute_batch"]) == (7, 8)
-    finally:
-        process.close()
-        local.close()
 
 
 class _PlainPlan(BatchPlan):
@@ -386,16 +381,9 @@ def _mutated_plans(rt):
 
 
 def test_a_plan_whose_lists_change_in_place_and_a_plan_subclass_cross_whole_and_are_as_in_process():
-    from cacheruntime.runtime.factories import conformance
-
-    local, process = conformance(), ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
-    local.info()
-    try:
+    with in_process_and_across() as (local, process):
         assert _mutated_plans(process) == _mutated_plans(local)
         assert process.short == {}  # nothing was remembered, nothing crossed short
-    finally:
-        process.close()
-        local.close()
 
 
 def test_a_short_prepare_that_meets_a_dead_process_says_prepare_batch_and_counts_no_short_message():

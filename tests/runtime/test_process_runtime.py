@@ -9,6 +9,7 @@ as the runtime raised them, a clear error when the process cannot start, `close(
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import subprocess
@@ -428,3 +429,19 @@ def test_only_an_immutable_plan_is_remembered_and_a_completion_crosses_short_onl
     assert wire.completion_on_plan(completion(requests[::-1]), accepted) is None
     assert wire.completion_on_plan(completion(requests, type("Result", (ItemResult,), {})), accepted) is None
     assert wire.completion_on_plan(completion(requests), None) is None
+
+
+def test_a_completion_carries_the_handles_control_put_in_its_plan():
+    """A short completion is rebuilt around the remembered items' handles: only a batch prepared
+    of those items may cross short, or control would get another plan's (equal) handle objects."""
+    with in_process_and_across() as (local, process):
+        for rt in (local, process):
+            request = rt.open_request()
+            remembered = BatchPlan((BatchItem(request, (1, 2)),))
+            rt.execute_batch(rt.prepare_batch(remembered))
+            copied = copy.copy(request)  # equal, another object
+            done = rt.execute_batch(rt.prepare_batch(BatchPlan([BatchItem(copied, append_previous_output=True)])))  # a list: whole
+            assert done.items[0].request is copied
+            done = rt.execute_batch(rt.prepare_batch(remembered))
+            assert done.items[0].request is request
+        assert process.short == {"execute_batch": 2, "prepare_batch": 1}

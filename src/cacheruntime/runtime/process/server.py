@@ -21,7 +21,7 @@ import time
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from cacheruntime.protocol import BatchItem, BatchPlan, RequestRuntimeHandle
+from cacheruntime.protocol import BatchItem, BatchPlan, PreparedBatchHandle, RequestRuntimeHandle
 from cacheruntime.recording import BOUNDARY_OPERATIONS
 from cacheruntime.runtime.local import LocalGPURuntime
 from cacheruntime.runtime.process import wire
@@ -80,6 +80,10 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     gc.freeze()
     accepted: tuple[BatchItem, ...] | None = None  # the items both sides remember (`wire.PREPARE_REMEMBER`)
     requests: list[RequestRuntimeHandle] | None = None  # their handles, the very objects
+    #: The batches prepared of those very items (remembering or again) and not yet executed or
+    #: cancelled: only their completions cross short, since the client rebuilds a short one around
+    #: the handles of the items it remembers, which are then the handles control put in the plan.
+    of_remembered: set[PreparedBatchHandle] = set()
     try:
         while True:
             operation, args, kwargs, unsent_polls = wire.loads(receive(link, poller, spin_s))
@@ -89,10 +93,10 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                 runtime.close()
                 link.send_bytes(wire.dumps((wire.OK, None)))
                 return
-            remember = operation == wire.PREPARE_REMEMBER
+            remember, again = operation == wire.PREPARE_REMEMBER, operation == wire.PREPARE_AGAIN
             if remember:
                 operation = "prepare_batch"
-            elif operation == wire.PREPARE_AGAIN:  # the client's plan has the remembered plan's very items
+            elif again:  # the client's plan has the remembered plan's very items
                 operation, args = "prepare_batch", (BatchPlan(accepted, *args),)  # type: ignore[arg-type]
             try:
                 if operation not in OPERATIONS:
@@ -102,9 +106,17 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                 if remember:  # accepted: the client remembers the same items on this reply
                     accepted = args[0].items
                     requests = wire.requests_of(accepted)
+                    of_remembered = {value}
+                elif again:
+                    of_remembered.add(value)
                 elif operation == "execute_batch":
-                    parts = wire.completion_on_plan(value, requests)
+                    parts = wire.completion_on_plan(value, requests) if args[0] in of_remembered else None
+                    of_remembered.discard(args[0])
                     reply = (wire.OK if parts is None else wire.ON_PLAN, value if parts is None else parts, poll_reports_nothing(runtime))
+                elif operation == "cancel_batch":
+                    of_remembered.discard(args[0])
+                elif operation == "restart":
+                    of_remembered.clear()
             except Exception as error:
                 reply = wire.error_reply(error)
             link.send_bytes(wire.dumps(reply))

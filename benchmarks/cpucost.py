@@ -127,11 +127,16 @@ def _mean_step(fn: Any, steps: int) -> tuple[float, float]:
 BLOCKS = 6
 
 
+def block_sizes(steps: int, blocks: int = BLOCKS) -> list[int]:
+    """How `alternating` splits `steps` steps into blocks (at most `blocks`, none empty)."""
+    blocks = max(1, min(blocks, steps))
+    return [steps // blocks + (1 if i < steps % blocks else 0) for i in range(blocks)]
+
+
 def alternating(sides: dict[str, Any], steps: int, blocks: int = BLOCKS) -> dict[str, dict[str, Any]]:
     """Per side: mean seconds per step, collector seconds per step, and each block's mean,
     over `steps` steps run in `blocks` blocks alternating between the sides."""
-    blocks = max(1, min(blocks, steps))
-    sizes = [steps // blocks + (1 if i < steps % blocks else 0) for i in range(blocks)]
+    sizes = block_sizes(steps, blocks)
     out = {name: {"seconds": 0.0, "gc_seconds": 0.0, "block_means": []} for name in sides}
     for size in sizes:
         for name, fn in sides.items():

@@ -49,6 +49,11 @@ TREE_SEQUENCES, SEQUENCE_PAGES = 2000, 32
 INTERFERENCE_BLOCKS = 3
 
 
+def link_counts(process: Any) -> dict[str, int]:
+    """A process runtime's messages sent, calls answered without one, and messages in short form, so far."""
+    return {"messages": sum(process.messages.values()), "unsent": sum(process.unsent.values()), "short": sum(process.short.values())}
+
+
 def null_runtime(device: str, seed: int, **sizes: Any) -> Any:
     """The bench's bookkeeping-only runtime (tiny KV, `NullRunner`); the runtime process calls it too."""
     return new_runtime(kv_config(None, tiny=True), torch.device(device), seed=seed, runner=NullRunner(torch.device(device)), **sizes)
@@ -91,11 +96,9 @@ def run(args: Any, device: torch.device, rows: list[Row], guard: Any) -> None:
                         steps[name]()
                     splits[name].update(dict.fromkeys(CALLS, 0.0))
                 process = runtimes["process"]
-                sent, unsent, short = sum(process.messages.values()), sum(process.unsent.values()), sum(process.short.values())
+                sent = link_counts(process)
                 timed = alternating(steps, args.cpu_steps)
-                messages = (sum(process.messages.values()) - sent) / args.cpu_steps
-                unsent = (sum(process.unsent.values()) - unsent) / args.cpu_steps
-                short = (sum(process.short.values()) - short) / args.cpu_steps
+                messages, unsent, short = ((v - sent[k]) / args.cpu_steps for k, v in link_counts(process).items())
                 rows.append(
                     Row(
                         SECTION,

@@ -39,9 +39,9 @@ from typing import Any
 import torch
 
 from benchmarks import hooks
-from benchmarks.cpucost import BLOCKS, CALLS, alternating, timed_step
+from benchmarks.cpucost import CALLS, alternating, block_sizes, timed_step
 from benchmarks.harness import close_runtime
-from benchmarks.processcost import Matcher
+from benchmarks.processcost import Matcher, link_counts
 from benchmarks.report import Row
 from cacheruntime.protocol import BatchItem, BatchPlan
 
@@ -166,9 +166,9 @@ def _measure(
             timed_step(rt, plans[name], splits[name])
         splits[name] = dict.fromkeys(CALLS, 0.0)
     sides = {name: (lambda rt=rt, name=name: timed_step(rt, plans[name], splits[name])) for name, rt in runtimes.items()}
-    sent = {name: _counts(rt) for name, rt in runtimes.items() if name != "local"}
+    sent = {name: link_counts(rt) for name, rt in runtimes.items() if name != "local"}
     timed = alternating(sides, steps)
-    per_step = {name: {k: (v - sent[name][k]) / steps for k, v in _counts(runtimes[name]).items()} for name in sent}
+    per_step = {name: {k: (v - sent[name][k]) / steps for k, v in link_counts(runtimes[name]).items()} for name in sent}
     processes = [name for name in runtimes if name != "local"]
     itl_details: dict[str, dict[str, Any]] = {}
     for name in processes:
@@ -247,16 +247,10 @@ def _measure(
             )
 
 
-def _counts(process: Any) -> dict[str, int]:
-    return {"messages": sum(process.messages.values()), "unsent": sum(process.unsent.values()), "short": sum(process.short.values())}
-
-
 def _itl_split(spans: list[list[float]]) -> dict[str, float]:
     """Mean forward and mean idle gap (ms) of one side's ITL steps, gaps taken within the
     blocks `alternating` ran them in (a gap across blocks holds the other sides' steps)."""
-    blocks = max(1, min(BLOCKS, len(spans)))
-    sizes = [len(spans) // blocks + (1 if i < len(spans) % blocks else 0) for i in range(blocks)]
-    starts = list(itertools.accumulate(sizes, initial=0))
+    starts = list(itertools.accumulate(block_sizes(len(spans)), initial=0))
     idle = [b[0] - a[1] for first, end in itertools.pairwise(starts) for a, b in itertools.pairwise(spans[first:end])]
     return {"forward_ms": statistics.mean(e - s for s, e in spans), "idle_ms": statistics.mean(idle) if idle else float("nan")}
 

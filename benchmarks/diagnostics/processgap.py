@@ -23,6 +23,7 @@ process can be subtracted. Printed per configuration, the mean microseconds per 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -149,27 +150,26 @@ def machine() -> str:
 def run_steps(rt: Any, batch: int, context: int, warmup: int, steps: int, control: list[tuple[str, int, int]], frozen: bool = False) -> None:
     """Fill `batch` rows of `context` tokens, then `warmup` + `steps` decode steps; the last `steps` stamped in `control`
     (with `frozen`, control's heap collected and frozen before them)."""
+    from benchmarks.harness import steady_gc
     from cacheruntime.protocol import BatchItem, BatchPlan
 
     requests = [rt.open_request() for _ in range(batch)]
     for i in range(0, batch, 8):
         rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1,) * context) for r in requests[i : i + 8]))))
     plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
-    for step in range(warmup + steps):
-        if step == warmup and frozen:  # as the bench's windows start (`harness.steady_gc`)
-            gc.collect()
-            gc.freeze()
-        t = time.perf_counter_ns()
-        handle = rt.prepare_batch(plan)
-        t1 = time.perf_counter_ns()
-        rt.execute_batch(handle)
-        t2 = time.perf_counter_ns()
+    for _ in range(warmup):
+        rt.execute_batch(rt.prepare_batch(plan))
         rt.poll_completions()
-        t3 = time.perf_counter_ns()
-        if step >= warmup:
+    with steady_gc() if frozen else contextlib.nullcontext():  # as the bench's windows run
+        for _ in range(steps):
+            t = time.perf_counter_ns()
+            handle = rt.prepare_batch(plan)
+            t1 = time.perf_counter_ns()
+            rt.execute_batch(handle)
+            t2 = time.perf_counter_ns()
+            rt.poll_completions()
+            t3 = time.perf_counter_ns()
             control += [("step", t, t3), ("prepare_batch", t, t1), ("execute_batch", t1, t2), ("poll_completions", t2, t3)]
-    if frozen:
-        gc.unfreeze()
 
 
 def split(control: list[tuple[str, int, int]], stamps: list[tuple[str, int, int]], steps: int) -> dict[str, float]:

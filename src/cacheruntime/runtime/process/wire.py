@@ -16,10 +16,11 @@ both memories as they were. A `prepare_batch` of the very items remembered is th
 `(PREPARE_AGAIN, (intents,), ...)`, and the runtime process prepares a plan of its own copy:
 the same tuple its ledger checked, so its decode cache holds, as in-process. The completion
 of a batch prepared of those items, whose items are exactly `ItemResult`s of their own
-handles in order, is the reply `(ON_PLAN, [batch, token counts, next tokens, published, tickets], quiet)`, and
-control rebuilds it around the handles it holds. On the H200 host at B=64 this took the plan's encoding and decoding from 86 and
-68 us to 6-9 and 4-5, the runtime process's `prepare_batch` from 104 to 36-53 us (29-41
-in-process), and the completion's from 62 and 137 to 22-30 and 17-25 (docs/benchmarks.md).
+handles in order, is the reply `(ON_PLAN, [batch, token counts, next tokens, published,
+tickets], quiet)`, and control rebuilds it around the handles it holds. On the H200 host at
+B=64 this took the plan's encoding and decoding from 86 and 68 us to 6-9 and 4-5, the
+runtime process's `prepare_batch` from 104 to 36-53 us (29-41 in-process), and the
+completion's from 62 and 137 to 22-30 and 17-25 (docs/benchmarks.md).
 
 Serialization is pickle (protocol 5) with a dispatch table that reduces each frozen attrs
 record of `cacheruntime.protocol` to its constructor and field values, so that pickle's C

@@ -11,8 +11,11 @@ process can be subtracted. Printed per configuration, the mean microseconds per 
 - <op> op: the operation itself where it runs; <op> replayed poll: the polls the client answered
   without a message, made by the runtime process before the operation (`client.py`);
 - <op> c.dumps, c.loads, s.dumps, s.loads: encoding and decoding in control (c) and in the
-  runtime process (s); <op> gc: the collector's pauses inside the call, in either process;
-- <op> rest: the call less all of the above but gc: the socket, and each side waking up;
+  runtime process (s); c.send, c.recv, s.send, s.recv: writing and reading a message
+  (`link.py`); c.c_of_plan, s.c_on_plan, c.immutable_items: the short forms' rebuilding,
+  taking apart and check (`wire.py`); <op> gc: the collector's pauses inside the call, in either process;
+- <op> rest: the call less all of the above but gc: each side noticing the other's message,
+  the socket's crossing, and each side's code around the parts;
 - pre-fwd: execute's start to the runner's forward call; fwd-call: the forward call's host time
   (launching the model); post-fwd: the forward's return to execute's end (the wait for the GPU,
   reading the tokens, committing).
@@ -67,26 +70,50 @@ def stamp_operations(target: Any, stamps: list[tuple[str, int, int]]) -> None:
         setattr(target, name, call)
 
 
+#: What `StampedWire` stamps: the coding, and the short forms' taking apart and rebuilding.
+WIRE_STAMPED = ("dumps_request", "loads_request", "dumps_reply", "loads_reply", "completion_on_plan", "completion_of_plan", "immutable_items")
+
+
 class StampedWire:
-    """A process's `wire` module with its encoding and decoding stamped as `<side>.dumps`/`<side>.loads`."""
+    """A process's `wire` module with the functions `WIRE_STAMPED` stamped as `<side>.<name>`."""
 
     def __init__(self, wire: Any, stamps: list[tuple[str, int, int]], side: str):
         self._wire, self._stamps, self._side = wire, stamps, side
+        for name in WIRE_STAMPED:
+            setattr(self, name, self._stamped(name))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._wire, name)
 
-    def dumps(self, message: Any) -> bytes:
-        t = time.perf_counter_ns()
-        data: bytes = self._wire.dumps(message)
-        self._stamps.append((self._side + ".dumps", t, time.perf_counter_ns()))
-        return data
+    def _stamped(self, name: str) -> Any:
+        short = name.partition("_")[0] if name.startswith(("dumps", "loads")) else name.replace("completion_", "c_")
+        fn, key = getattr(self._wire, name), f"{self._side}.{short}"
 
-    def loads(self, data: bytes) -> Any:
-        t = time.perf_counter_ns()
-        message = self._wire.loads(data)
-        self._stamps.append((self._side + ".loads", t, time.perf_counter_ns()))
-        return message
+        def call(*args: Any) -> Any:
+            t = time.perf_counter_ns()
+            try:
+                return fn(*args)
+            finally:
+                self._stamps.append((key, t, time.perf_counter_ns()))
+
+        return call
+
+
+def stamp_link(stamps: list[tuple[str, int, int]], side: str) -> None:
+    """Stamp this process's `Link.send` and `Link.recv` as `<side>.send`/`<side>.recv` (the system calls and framing)."""
+    from cacheruntime.runtime.process.link import Link
+
+    for name in ("send", "recv"):
+        fn = getattr(Link, name)
+
+        def call(self: Any, *args: Any, _fn: Any = fn, _key: str = f"{side}.{name}") -> Any:
+            t = time.perf_counter_ns()
+            try:
+                return _fn(self, *args)
+            finally:
+                stamps.append((_key, t, time.perf_counter_ns()))
+
+        setattr(Link, name, call)
 
 
 def stamp_collections(stamps: list[tuple[str, int, int]]) -> Any:
@@ -116,6 +143,7 @@ def stamped_runtime(stamps_path: str, in_runtime_process: bool = False, **option
         from cacheruntime.runtime.process import server
 
         server.wire = StampedWire(server.wire, stamps, "s")  # type: ignore[attr-defined]
+        stamp_link(stamps, "s")
         stamp_collections(stamps)
     close = runtime.close
 
@@ -125,6 +153,35 @@ def stamped_runtime(stamps_path: str, in_runtime_process: bool = False, **option
 
     runtime.close = close_and_write
     return runtime
+
+
+def sleeping_client(base: Any, margin_us: float) -> Any:
+    """`base` (ProcessGPURuntime) whose `execute_batch` sleeps in the kernel until `margin_us`
+    before the fastest of its last 8 replies is due, then waits as `base` does."""
+
+    class SleepingExecute(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any):
+            self.recent: list[float] = []
+            self.sleep_s = 0.0
+            super().__init__(*args, **kwargs)
+
+        def execute_batch(self, batch: Any) -> Any:
+            t = time.perf_counter()
+            self.sleep_s = max(0.0, min(self.recent) - margin_us / 1e6) if len(self.recent) >= 8 else 0.0
+            try:
+                return super().execute_batch(batch)
+            finally:
+                self.sleep_s = 0.0
+                self.recent = [*self.recent[-7:], time.perf_counter() - t]
+
+        def _wait_reply(self, timeout_s: float | None) -> Any:
+            if self.sleep_s:
+                ready = self._poller.poll(self.sleep_s * 1e3)
+                if ready:
+                    return ready
+            return super()._wait_reply(timeout_s)
+
+    return SleepingExecute
 
 
 def machine() -> str:
@@ -218,12 +275,20 @@ def main() -> None:
     parser.add_argument("--steady-gc", action="store_true", help="collect and freeze control's heap before the timed steps, as the bench does")
     parser.add_argument("--keep-local", action="store_true", help="keep the local runtime open while the process runtimes run (the bench holds all at once)")
     parser.add_argument("--page-size", type=int, default=128, help="128 on CUDA: the compiled attention kernel's page")
+    parser.add_argument(
+        "--sleep-execute-us",
+        default="",
+        help="also run each spin window with the client asleep in the kernel through an execute_batch, until this many us before "
+        "the fastest of the last 8 replies, then spinning (a spinning client may slow the runtime process's core)",
+    )
     args = parser.parse_args()
     from benchmarks.harness import close_runtime
     from cacheruntime.runtime.process import ProcessGPURuntime, wire
     from cacheruntime.runtime.process import client as client_module
 
     print(f"# {machine()}", flush=True)
+    control_link: list[tuple[str, int, int]] = []  # this process's link stamps, taken by the process runs
+    stamp_link(control_link, "c")
     workdir = Path(tempfile.mkdtemp(prefix="cacheruntime-processgap-"))
     for batch in (int(b) for b in args.batches.split(",")):
         page = args.page_size
@@ -240,7 +305,9 @@ def main() -> None:
         )
         results: dict[str, dict[str, float]] = {}
         held: Any = None
-        for label in ["local"] + [f"process spin {s} us" for s in args.spin_us.split(",")]:
+        labels = [f"process spin {s} us" for s in args.spin_us.split(",")]
+        labels += [f"{label} sleep {margin}" for label in labels for margin in args.sleep_execute_us.split(",") if margin]
+        for label in ["local", *labels]:
             path = str(workdir / f"stamps-B{batch}-{len(results)}.json")
             control: list[tuple[str, int, int]] = []
             mine: list[tuple[str, int, int]] = []  # this process's own stamps: its collector, its side of the link
@@ -257,10 +324,13 @@ def main() -> None:
             else:
                 client_module.wire = StampedWire(wire, mine, "c")  # type: ignore[attr-defined]
                 spin = float(label.split()[2])
-                rt = ProcessGPURuntime(FACTORY, spin_us=spin, stamps_path=path, in_runtime_process=True, **options)
+                kind = ProcessGPURuntime if "sleep" not in label else sleeping_client(ProcessGPURuntime, float(label.split()[-1]))
+                rt = kind(FACTORY, spin_us=spin, stamps_path=path, in_runtime_process=True, **options)
                 run_steps(rt, batch, args.context, args.warmup, args.steps, control, args.steady_gc)
                 rt.close()
                 client_module.wire = wire  # type: ignore[attr-defined]
+                mine += control_link
+            control_link.clear()
             gc.callbacks.remove(collections)
             results[label] = split(control, json.loads(Path(path).read_text()) + mine, args.steps)
             print(f"B={batch} {label}: " + json.dumps({k: round(v, 1) for k, v in results[label].items()}), flush=True)
@@ -270,9 +340,10 @@ def main() -> None:
         keys = list(results["local"]) + [k for r in results.values() for k in r if k not in results["local"]]
         keys = list(dict.fromkeys(keys))
         print(f"B={batch}, mean us per step over {args.steps} steps:")
-        print("  " + "part".ljust(16) + "".join(label.replace("process spin ", "spin ").rjust(14) for label in results))
+        width = max(14, *(len(label) - 6 for label in results))
+        print("  " + "part".ljust(22) + "".join(label.replace("process spin ", "spin ").rjust(width) for label in results))
         for key in keys:
-            print("  " + key.ljust(16) + "".join(f"{results[label].get(key, float('nan')):14.1f}" for label in results))
+            print("  " + key.ljust(22) + "".join(f"{results[label].get(key, float('nan')):{width}.1f}" for label in results))
         print(flush=True)
 
 

@@ -1,10 +1,12 @@
 """What one message costs on this host: the link's floor beside the process runtime's calls, a diagnostic.
 
-Three medians in microseconds, each over `--calls` calls after a warm-up, per spin window:
+Medians in microseconds, each over `--calls` calls after a warm-up, per spin window:
 
 - floor: two processes passing 8 bytes back and forth over a Unix socket pair with raw
   `os.read`/`os.write`, the receiver busy-polling a non-blocking descriptor (spin > 0) or
   blocking in the kernel (spin 0): what any transport on this host pays per round trip;
+- framed: a 200-byte message back and forth with each framing the link had: the standard
+  library's `multiprocessing.connection.Connection` (the first) and the runtime's `Link` (`link.py`);
 - call: `ProcessGPURuntime.poll_completions` with nothing in flight (after a call other than
   `execute_batch`, so it crosses): one request and one reply through the whole client and server;
 - step B: a decode step of B one-token requests (prepare + execute + poll) on the bench's null
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import socket
 import statistics
 import time
@@ -59,6 +62,50 @@ def floor_us(spin: bool, calls: int) -> float:
     return statistics.median(times[200:]) * 1e6
 
 
+def _echo_framed(sock: socket.socket, framing: str, spin: bool, calls: int) -> None:
+    link = _framed(sock, framing)
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    for _ in range(calls):
+        while spin and not poller.poll(0):
+            pass
+        link[0](link[1]())
+
+
+def _framed(sock: socket.socket, framing: str) -> tuple[Any, Any]:
+    """(send, recv) of whole messages over `sock`: the standard library's `Connection` or the runtime's `Link`."""
+    if framing == "connection":
+        from multiprocessing.connection import Connection
+
+        connection = Connection(os.dup(sock.fileno()))
+        return connection.send_bytes, connection.recv_bytes
+    from cacheruntime.runtime.process.link import Link
+
+    link = Link(sock)
+    return link.send, link.recv
+
+
+def framed_us(framing: str, spin: bool, calls: int) -> float:
+    """Median round trip of a 200-byte message between two processes, framed by `framing`, each side
+    busy-polling its socket before it reads (spin) or reading at once (blocking in the kernel)."""
+    ours, theirs = socket.socketpair()
+    child = get_context("fork").Process(target=_echo_framed, args=(theirs, framing, spin, calls + 200))
+    child.start()
+    send, recv = _framed(ours, framing)
+    poller = select.poll()
+    poller.register(ours.fileno(), select.POLLIN)
+    message, times = b"x" * 200, []
+    for _ in range(calls + 200):
+        start = time.perf_counter()
+        send(message)
+        while spin and not poller.poll(0):
+            pass
+        recv()
+        times.append(time.perf_counter() - start)
+    child.join()
+    return statistics.median(times[200:]) * 1e6
+
+
 def _median_us(fn: Any, calls: int) -> float:
     for _ in range(min(calls, 100)):
         fn()
@@ -85,7 +132,8 @@ def main() -> None:
 
     print(f"# cpus {os.cpu_count()}, affinity {len(os.sched_getaffinity(0))}, calls {args.calls}")
     for spin in (int(s) for s in args.spin_us.split(",")):
-        print(f"spin {spin} us: floor {floor_us(spin > 0, args.calls):.1f} us", flush=True)
+        framing = " ".join(f"{kind} {framed_us(kind, spin > 0, args.calls):.1f} us" for kind in ("connection", "link"))
+        print(f"spin {spin} us: floor {floor_us(spin > 0, args.calls):.1f} us; 200 bytes framed: {framing}", flush=True)
         for batch in (int(b) for b in args.batches.split(",")):
             sizes = dict(page_size=16, max_requests=batch, max_request_tokens=-(-(args.calls * 2 + 400) // 16) * 16 + 16, l2_pages=0)
             sizes["l1_pages"] = batch * (sizes["max_request_tokens"] // 16) + 8

@@ -66,16 +66,16 @@ class _TimedWire:
     def __getattr__(self, name: str) -> Any:  # everything but the two timed functions, as the wire has it
         return getattr(self._wire, name)
 
-    def loads(self, data: bytes) -> Any:
+    def loads_request(self, data: bytes) -> Any:
         t = time.perf_counter()
-        message = self._wire.loads(data)
+        message = self._wire.loads_request(data)
         self._operation = message[0].partition(" ")[0]  # wire.PREPARE_AGAIN is a prepare_batch
         self._add("server loads " + self._operation, t)
         return message
 
-    def dumps(self, message: Any) -> bytes:
+    def dumps_reply(self, message: Any) -> bytes:
         t = time.perf_counter()
-        data = self._wire.dumps(message)
+        data = self._wire.dumps_reply(message)
         self._add("server dumps " + self._operation, t)
         return data
 
@@ -108,12 +108,12 @@ def _one(batch: int, args: argparse.Namespace) -> None:
     plan = BatchPlan(tuple(BatchItem(r, (1,)) for r in requests))
     wire = client.wire
     totals: collections.Counter[str] = collections.Counter()
-    dumps, loads = wire.dumps, wire.loads
+    dumps, loads = wire.dumps_request, wire.loads_reply
 
-    def timed_dumps(message: Any) -> bytes:
+    def timed_dumps(operation: str, *message: Any) -> bytes:
         t = time.perf_counter()
-        out = dumps(message)
-        totals["client dumps " + message[0].partition(" ")[0]] += time.perf_counter() - t
+        out = dumps(operation, *message)
+        totals["client dumps " + operation.partition(" ")[0]] += time.perf_counter() - t
         return out
 
     current = [""]
@@ -127,7 +127,7 @@ def _one(batch: int, args: argparse.Namespace) -> None:
     for _ in range(20):
         rt.execute_batch(rt.prepare_batch(plan))
         rt.poll_completions()
-    client.wire.dumps, client.wire.loads = timed_dumps, timed_loads
+    client.wire.dumps_request, client.wire.loads_reply = timed_dumps, timed_loads
     try:
         for _ in range(args.steps):
             for op in OPERATIONS:
@@ -141,7 +141,7 @@ def _one(batch: int, args: argparse.Namespace) -> None:
                     rt.poll_completions()
                 totals["client " + op] += time.perf_counter() - t
     finally:
-        client.wire.dumps, client.wire.loads = dumps, loads
+        client.wire.dumps_request, client.wire.loads_reply = dumps, loads
     rt.close()
     server = json.loads(Path(stats).read_text())  # the server's means include the warm-up steps
     print(f"B={batch} ({args.device}, spin {args.spin_us:g} us), mean us per call over {args.steps} steps:")

@@ -226,6 +226,75 @@ def test_plans_and_completions_cross_as_columns_and_anything_else_as_it_was():
     assert (type(fields.epoch), type(fields.generation)) == (bool, float)
 
 
+def _same(a: object, b: object) -> bool:
+    """Equal, and of the same types all the way down (a layout must not turn True into 1 or a list into a tuple)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple | list):
+        return len(a) == len(b) and all(map(_same, a, b))  # type: ignore[arg-type]
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)  # type: ignore[attr-defined,index]
+    fields = getattr(type(a), "__attrs_attrs__", None)
+    if fields is not None:
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in fields)
+    return a == b
+
+
+def test_a_decode_step_s_messages_cross_in_their_layouts_and_anything_else_is_pickled():
+    batch = PreparedBatchHandle("local-7", 2, 41)
+    parts = [batch, [1] * 3, [5, 0, 2**40], (), ()]
+    laid_out = [
+        (wire.dumps_request, wire.loads_request, (wire.PREPARE_AGAIN, ((),), {}, 1)),
+        (wire.dumps_request, wire.loads_request, ("execute_batch", (batch,), {}, 0)),
+        (wire.dumps_reply, wire.loads_reply, (wire.OK, batch)),
+        (wire.dumps_reply, wire.loads_reply, (wire.ON_PLAN, parts, True)),
+        (wire.dumps_reply, wire.loads_reply, (wire.ON_PLAN, parts, False)),
+    ]
+    pickled = [
+        (wire.dumps_request, wire.loads_request, (wire.PREPARE_AGAIN, ([],), {}, 1)),  # a list of intents
+        (wire.dumps_request, wire.loads_request, (wire.PREPARE_AGAIN, ((Backup(CacheExtentRef("x", 0, 1, 0)),),), {}, 0)),
+        (wire.dumps_request, wire.loads_request, ("execute_batch", (PreparedBatchHandle("local-7", True, 41),), {}, 0)),
+        (wire.dumps_request, wire.loads_request, ("execute_batch", (PreparedBatchHandle("local-7", 2, 2**63),), {}, 0)),
+        (wire.dumps_request, wire.loads_request, ("execute_batch", (PreparedBatchHandle("\ud800", 2, 41),), {}, 0)),
+        (wire.dumps_request, wire.loads_request, ("execute_batch", (("local-7", 2, 41),), {}, 0)),
+        (wire.dumps_request, wire.loads_request, ("execute_batch", (batch,), {"extra": 1}, 0)),
+        (wire.dumps_reply, wire.loads_reply, (wire.OK, PreparedBatchHandle("local-7", 2, 4.0))),
+        (wire.dumps_reply, wire.loads_reply, (wire.ON_PLAN, [batch, [1, 1, 1], [5, True, 2], (), ()], True)),
+        (wire.dumps_reply, wire.loads_reply, (wire.ON_PLAN, [batch, [1, 1, 1], [5, 0, 2**64], (), ()], True)),
+        (wire.dumps_reply, wire.loads_reply, (wire.ON_PLAN, [batch, [1], [5], [CacheExtentRef("x", 0, 1, 0)], ()], True)),
+        (wire.dumps_reply, wire.loads_reply, (wire.ON_PLAN, [batch, [1], [5], [], ()], True)),  # a list, not the empty tuple
+        (wire.dumps_reply, wire.loads_reply, (wire.ON_PLAN, [batch, [], [], (), ()], False)),  # no items
+        (wire.dumps_reply, wire.loads_reply, (wire.OK, None)),
+    ]
+    for dumps, loads, message in laid_out + pickled:
+        data = dumps(*message) if dumps is wire.dumps_request else dumps(message)
+        assert (data[:1] == b"\x80") == ((dumps, loads, message) in pickled), message  # a pickle opens with its protocol
+        assert _same(loads(data), message), message
+
+
+def test_a_link_carries_whole_messages_of_any_size_and_says_when_its_peer_closed():
+    import socket
+
+    from cacheruntime.runtime.process.link import BUFFER_BYTES, Link
+
+    ours, theirs = socket.socketpair()
+    near, far = Link(ours), Link(theirs)
+    for size in (0, 1, BUFFER_BYTES - 8, BUFFER_BYTES - 7, 3 * BUFFER_BYTES + 5):
+        message = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        near.send(message)
+        assert far.recv() == message
+        far.send(message[::-1])
+        assert near.recv() == message[::-1]
+    near.send(b"one")
+    near.send(b"two")  # two at once: the strict turn is broken
+    with pytest.raises(ConnectionError, match="beyond a message"):
+        far.recv()
+    near.close()
+    with pytest.raises(EOFError):
+        far.recv()
+    far.close()
+
+
 def test_a_handle_arrives_as_the_receiving_process_s_own_object_of_its_value_and_types():
     sent = RequestRuntimeHandle("own", 0, 4, 2)
     wire.dumps((wire.OK, sent))  # sent once: remembered here

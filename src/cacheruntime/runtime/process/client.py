@@ -26,9 +26,9 @@ the last immutable plan the runtime accepted crosses as its intents alone, and a
 `execute_batch` completion of that plan's handles as its token columns; `short` counts both.
 
 Transport: one Unix stream socket in a private directory (the runtime process connects to
-the client's), framed by the standard library's `multiprocessing.connection` (each message
-its length and then its bytes: `send_bytes`, `recv_bytes`), request and reply in strict turn. Its descriptor is polled together with the process's exit
-sentinel (below). ZeroMQ (REQ/REP over `ipc://`, what SGLang runs between its processes)
+the client's), each message its length and then its bytes (`link.py`, which says why not
+`multiprocessing.connection`'s framing), request and reply in strict turn. Its descriptor is
+polled together with the process's exit sentinel (below). ZeroMQ (REQ/REP over `ipc://`, what SGLang runs between its processes)
 was the first transport: its I/O threads put two thread hand-offs each way into every call,
 so one round trip cost 70-130 us on the H200 host (docs/benchmarks.md, `processsplit`): three
 a step were more than the ITL target's whole margin (3% of a 6.5 ms step, 195 us). On the
@@ -69,7 +69,6 @@ import threading
 import time
 import weakref
 from collections import Counter
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +89,7 @@ from cacheruntime.protocol import (
     TransferTicket,
 )
 from cacheruntime.runtime.process import wire
+from cacheruntime.runtime.process.link import Link
 
 #: Imported by the fork server once, so every runtime process starts with them loaded.
 PRELOAD = ["cacheruntime.runtime.process.server"]
@@ -137,7 +137,7 @@ class ProcessGPURuntime:
         # The socket directory goes with the client even if it is never closed (a test, a suite
         # that drops its runtimes): at collection or at interpreter exit, whichever comes first.
         self._remove_directory = weakref.finalize(self, shutil.rmtree, self._directory, True)
-        self._link: Connection | None = None
+        self._link: Link | None = None
         self._process: Any = None
         #: Waits on the socket and the process's exit sentinel together; built once per process, not per call.
         self._poller = select.poll()
@@ -197,7 +197,7 @@ class ProcessGPURuntime:
             listener.close()
         return info  # type: ignore[no-any-return]
 
-    def _accept(self, listener: socket.socket) -> Connection:
+    def _accept(self, listener: socket.socket) -> Link:
         """The new process's connection (it connects first thing), or its death (RuntimeFault), or TimeoutError."""
         waiting = select.poll()
         waiting.register(listener, select.POLLIN)
@@ -209,8 +209,7 @@ class ProcessGPURuntime:
             link, _ = listener.accept()
         except BlockingIOError:  # not a connection: the process ended before it connected
             raise self._died("start") from None
-        link.setblocking(True)
-        connection = Connection(link.detach())
+        connection = Link(link)
         self._poller = select.poll()
         self._poller.register(connection.fileno(), select.POLLIN)
         self._poller.register(self._process.sentinel, select.POLLIN)
@@ -243,11 +242,11 @@ class ProcessGPURuntime:
         if self._link is None:
             raise RuntimeFault(f"{operation}: the runtime process is gone ({self.lost_cause})")
         try:
-            data = wire.dumps((sent_as or operation, args, kwargs, self._unsent_polls))
+            data = wire.dumps_request(sent_as or operation, args, kwargs, self._unsent_polls)
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"{operation}: an argument cannot cross to the runtime process: {error}") from error
         try:
-            self._link.send_bytes(data)
+            self._link.send(data)
             self.messages[operation] += 1
             if sent_as == wire.PREPARE_AGAIN:
                 self.short[operation] += 1
@@ -257,7 +256,7 @@ class ProcessGPURuntime:
                 raise TimeoutError(operation)
             if self._link.fileno() not in {fd for fd, _ in ready}:
                 raise self._died(operation)
-            reply = wire.loads(self._link.recv_bytes())
+            reply = wire.loads_reply(self._link.recv())
         except (TimeoutError, RuntimeFault):  # TimeoutError is an OSError: not a closed socket
             raise
         except (EOFError, OSError):  # the process's end of the socket closed: it died

@@ -17,14 +17,15 @@ from __future__ import annotations
 import gc
 import importlib
 import select
+import socket
 import time
-from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from cacheruntime.protocol import BatchItem, BatchPlan, PreparedBatchHandle, RequestRuntimeHandle
 from cacheruntime.recording import BOUNDARY_OPERATIONS
 from cacheruntime.runtime.local import LocalGPURuntime
 from cacheruntime.runtime.process import wire
+from cacheruntime.runtime.process.link import Link
 
 #: What control may ask of the runtime process: the interface, and the test-only surfaces the
 #: runtime claims (INTROSPECTION, DELAY_KNOB, SCHEDULE_SEED, FAULT_INJECTION) with the main job's
@@ -52,20 +53,22 @@ def poll_reports_nothing(runtime: LocalGPURuntime) -> bool:
     return not (state.transfers or state.unreported or ledger.held or state.lost) and runtime.device_layer.alive()
 
 
-def receive(link: Connection, poller: select.poll, spin_s: float) -> bytes:
+def receive(link: Link, poller: select.poll, spin_s: float) -> bytes:
     """The next request, busy-polling for it `spin_s` before sleeping (the client's `_wait_reply` says why)."""
     if spin_s:
         deadline = time.perf_counter() + spin_s
         while not poller.poll(0) and time.perf_counter() < deadline:
             pass
-    return link.recv_bytes()
+    return link.recv()
 
 
 def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, generations: tuple[int, ...], spin_s: float = 0.0) -> None:
     """Connect to the client's socket at `endpoint`, build the runtime (continuing at `epoch` and
     `generations` when `epoch` > 0), then answer requests until `close` (or the client is gone),
     busy-polling for each `spin_s` before sleeping."""
-    link = Client(endpoint, family="AF_UNIX")  # first: the client waits for it, then for the reply to its first call
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(endpoint)  # first: the client waits for it, then for the reply to its first call
+    link = Link(sock)
     poller = select.poll()
     poller.register(link.fileno(), select.POLLIN)
     runtime = build(factory, options)
@@ -86,12 +89,12 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
     of_remembered: set[PreparedBatchHandle] = set()
     try:
         while True:
-            operation, args, kwargs, unsent_polls = wire.loads(receive(link, poller, spin_s))
+            operation, args, kwargs, unsent_polls = wire.loads_request(receive(link, poller, spin_s))
             for _ in range(unsent_polls):  # each reports nothing (poll_reports_nothing held): their counts and
                 runtime.poll_completions()  # their one effect, `pump_idle`'s flag, as if made in their turn
             if operation == "close":
                 runtime.close()
-                link.send_bytes(wire.dumps((wire.OK, None)))
+                link.send(wire.dumps_reply((wire.OK, None)))
                 return
             remember, again = operation == wire.PREPARE_REMEMBER, operation == wire.PREPARE_AGAIN
             if remember:
@@ -119,7 +122,7 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
                     of_remembered.clear()
             except Exception as error:
                 reply = wire.error_reply(error)
-            link.send_bytes(wire.dumps(reply))
+            link.send(wire.dumps_reply(reply))
     except EOFError:  # the client closed its end: nobody is left to serve
         runtime.close()
     finally:

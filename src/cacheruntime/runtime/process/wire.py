@@ -66,6 +66,8 @@ import copyreg
 import io
 import operator
 import pickle
+import struct
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, repeat
@@ -285,6 +287,106 @@ def _reduce_completion(completion: BatchCompletion) -> tuple[Any, ...]:
 _DISPATCH = copyreg.dispatch_table.copy()
 _DISPATCH.update({cls: _reducer(cls) for cls in vars(protocol).values() if isinstance(cls, type) and attrs.has(cls)})
 _DISPATCH.update({BatchPlan: _reduce_plan, BatchCompletion: _reduce_completion, RequestRuntimeHandle: _reduce_handle})
+
+
+# -- a decode step's messages, in fixed layouts ------------------------------------------
+#
+# A decode step's four messages are pickled in 2-5 us each on a warm core, but they run right
+# after the wait for the other process, on a core whose caches that wait has emptied, and there
+# pickle's path took 8-27 us each on the H200 host (`processgap`, docs/benchmarks.md). So the
+# short forms of a step cross in fixed binary layouts (`struct`, `array`), one tag byte first
+# (a pickle starts with its protocol's opcode, 0x80, never with a tag): a `PREPARE_AGAIN` with
+# no intents, an `execute_batch` of a batch handle, `prepare_batch`'s handle reply and an
+# `ON_PLAN` completion with nothing published and no tickets. Each is taken only when its
+# values have exactly the types the layout holds (str, int in 64 bits, bool), so what arrives
+# is equal to what was sent and of the same types; any other message is pickled as before.
+
+PreparedBatchHandle = protocol.PreparedBatchHandle
+_TAG_AGAIN, _TAG_EXECUTE, _TAG_HANDLE, _TAG_COMPLETION = b"A"[0], b"E"[0], b"H"[0], b"C"[0]
+_AGAIN = struct.Struct("=BI")  # tag, unsent polls
+_EXECUTE = struct.Struct("=BIqqH")  # tag, unsent polls, the handle's epoch, batch id, runtime id's length (then its bytes)
+_HANDLE = struct.Struct("=BqqH")  # tag, epoch, batch id, runtime id's length (then its bytes)
+_COMPLETION = struct.Struct("=B?qqHI")  # tag, quiet, epoch, batch id, runtime id's length, items (then the id, token counts, next tokens)
+_INT64 = range(-(2**63), 2**63)
+
+
+def _batch_fields(batch: Any) -> tuple[bytes, int, int] | None:
+    """A batch handle's runtime id (UTF-8), epoch and batch id if it is exactly a `PreparedBatchHandle`
+    of a str and two ints in 64 bits; else None (it is pickled)."""
+    if type(batch) is not PreparedBatchHandle:
+        return None
+    runtime_id, epoch, batch_id = batch.runtime_id, batch.epoch, batch.batch_id
+    if type(runtime_id) is not str or type(epoch) is not int or type(batch_id) is not int or epoch not in _INT64 or batch_id not in _INT64:
+        return None
+    try:
+        encoded = runtime_id.encode()
+    except UnicodeEncodeError:
+        return None
+    return (encoded, epoch, batch_id) if len(encoded) < 2**16 else None
+
+
+def _int64s(values: list[Any]) -> bytes | None:
+    if not _exactly(int, values):
+        return None
+    try:
+        return array("q", values).tobytes()
+    except OverflowError:
+        return None
+
+
+def dumps_request(operation: str, args: tuple[Any, ...], kwargs: dict[str, Any], unsent_polls: int) -> bytes:
+    """A request: a short prepare without intents or an `execute_batch` in its layout, any other pickled."""
+    if not kwargs and unsent_polls in range(2**32):
+        if operation == PREPARE_AGAIN and len(args) == 1 and type(args[0]) is tuple and not args[0]:
+            return _AGAIN.pack(_TAG_AGAIN, unsent_polls)
+        if operation == "execute_batch" and len(args) == 1 and (fields := _batch_fields(args[0])) is not None:
+            return _EXECUTE.pack(_TAG_EXECUTE, unsent_polls, fields[1], fields[2], len(fields[0])) + fields[0]
+    return dumps((operation, args, kwargs, unsent_polls))
+
+
+def loads_request(data: bytes) -> tuple[Any, ...]:
+    """The request `dumps_request` made of `data`: (operation, args, kwargs, unsent polls)."""
+    tag = data[0]
+    if tag == _TAG_AGAIN:
+        return (PREPARE_AGAIN, ((),), {}, _AGAIN.unpack(data)[1])
+    if tag == _TAG_EXECUTE:
+        _, unsent, epoch, batch_id, size = _EXECUTE.unpack_from(data)
+        runtime_id = data[_EXECUTE.size : _EXECUTE.size + size].decode()
+        return ("execute_batch", (PreparedBatchHandle(runtime_id, epoch, batch_id),), {}, unsent)
+    return loads(data)
+
+
+def dumps_reply(reply: tuple[Any, ...]) -> bytes:
+    """A reply: a batch handle or a short completion in its layout, any other pickled."""
+    status = reply[0]
+    if status == OK and len(reply) == 2 and (fields := _batch_fields(reply[1])) is not None:
+        return _HANDLE.pack(_TAG_HANDLE, fields[1], fields[2], len(fields[0])) + fields[0]
+    if status == ON_PLAN and type(reply[2]) is bool:
+        batch, num_tokens, next_tokens, published, tickets = reply[1]
+        fields = _batch_fields(batch)
+        if fields is not None and type(published) is tuple and type(tickets) is tuple and not published and not tickets:
+            counts, tokens = _int64s(num_tokens), _int64s(next_tokens)
+            if counts is not None and tokens is not None:
+                head = _COMPLETION.pack(_TAG_COMPLETION, reply[2], fields[1], fields[2], len(fields[0]), len(num_tokens))
+                return b"".join((head, fields[0], counts, tokens))
+    return dumps(reply)
+
+
+def loads_reply(data: bytes) -> tuple[Any, ...]:
+    """The reply `dumps_reply` made of `data`."""
+    tag = data[0]
+    if tag == _TAG_HANDLE:
+        _, epoch, batch_id, size = _HANDLE.unpack_from(data)
+        return (OK, PreparedBatchHandle(data[_HANDLE.size : _HANDLE.size + size].decode(), epoch, batch_id))
+    if tag == _TAG_COMPLETION:
+        _, quiet, epoch, batch_id, size, items = _COMPLETION.unpack_from(data)
+        at = _COMPLETION.size + size
+        columns = array("q")
+        columns.frombytes(memoryview(data)[at:])
+        values = columns.tolist()
+        batch = PreparedBatchHandle(data[_COMPLETION.size : at].decode(), epoch, batch_id)
+        return (ON_PLAN, [batch, values[:items], values[items:], (), ()], quiet)
+    return loads(data)
 
 
 def dumps(message: tuple[Any, ...]) -> bytes:

@@ -415,6 +415,16 @@ def test_a_plan_prepared_again_crosses_short_and_everything_is_as_in_process():
         assert (process.short["prepare_batch"], process.short["execute_batch"]) == (7, 8)
 
 
+def test_a_spinning_client_warms_a_decode_step_s_code_while_it_waits_and_changes_nothing():
+    with in_process_and_across(spin_us=20_000) as (local, process):
+        warmed = []
+        warm = process._warm
+        process._warm = lambda: warmed.append(warm())  # type: ignore[method-assign]
+        assert _repeated_plans(process) == _repeated_plans(local)
+        assert warmed  # while waiting for a short completion after the first
+        assert (process.short["prepare_batch"], process.short["execute_batch"]) == (7, 8)
+
+
 class _PlainPlan(BatchPlan):
     """A plan subclass that crosses as a plain `BatchPlan` (the runtime takes subclasses)."""
 

@@ -91,6 +91,8 @@ from cacheruntime.protocol import (
 from cacheruntime.runtime.process import wire
 from cacheruntime.runtime.process.link import Link
 
+#: How often a client waiting for an `execute_batch` runs a decode step's code on old bytes (`_warm`).
+WARM_EVERY_S = 100e-6
 #: Imported by the fork server once, so every runtime process starts with them loaded.
 PRELOAD = ["cacheruntime.runtime.process.server"]
 
@@ -131,6 +133,10 @@ class ProcessGPURuntime:
         self._accepted: tuple[BatchItem, ...] | None = None
         self._accepted_requests: list[RequestRuntimeHandle] | None = None
         self._unsent_polls = 0  # polls answered here since the last message: the next one carries them
+        #: The last decode step's laid-out completion (with the handles it was rebuilt around) and
+        #: prepare reply: `_warm` runs control's part of a step on them while the next one computes.
+        self._warm_completion: tuple[bytes, list[RequestRuntimeHandle]] | None = None
+        self._warm_handle: bytes | None = None
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
         self._lock = threading.Lock()  # one call at a time crosses the link; others wait their turn
         self._directory = tempfile.mkdtemp(prefix="cacheruntime-process-")
@@ -251,12 +257,13 @@ class ProcessGPURuntime:
             if sent_as == wire.PREPARE_AGAIN:
                 self.short[operation] += 1
             self._quiet, self._unsent_polls = False, 0
-            ready = self._wait_reply(timeout_s)
+            ready = self._wait_reply(timeout_s, operation == "execute_batch")
             if not ready:
                 raise TimeoutError(operation)
             if self._link.fileno() not in {fd for fd, _ in ready}:
                 raise self._died(operation)
-            reply = wire.loads_reply(self._link.recv())
+            data = self._link.recv()
+            reply = wire.loads_reply(data)
         except (TimeoutError, RuntimeFault):  # TimeoutError is an OSError: not a closed socket
             raise
         except (EOFError, OSError):  # the process's end of the socket closed: it died
@@ -268,25 +275,52 @@ class ProcessGPURuntime:
         self._quiet = wire.quiet(reply)
         if remember is not None and reply[0] == wire.OK:  # as the runtime process did on sending it
             self._accepted, self._accepted_requests = remember, wire.requests_of(remember)
+        if wire.laid_out(data):  # a decode step's: what `_warm` runs through again while the next step computes
+            if reply[0] == wire.ON_PLAN:
+                self._warm_completion = (data, self._accepted_requests)  # type: ignore[assignment]
+            else:
+                self._warm_handle = data
         if reply[0] == wire.ON_PLAN:
             self.short[operation] += 1
             return wire.completion_of_plan(reply[1], self._accepted_requests)  # type: ignore[arg-type]
         return wire.raise_reply(reply)
 
-    def _wait_reply(self, timeout_s: float | None) -> list[tuple[int, int]]:
+    def _wait_reply(self, timeout_s: float | None, warm: bool = False) -> list[tuple[int, int]]:
         """The reply's (or the process's death's) poll events; none if `timeout_s` passed first.
 
         With `spin_s`, it first busy-polls that long: a thread that sleeps in the kernel wakes up
         on a core that may have gone into a deep idle state, and a serving engine's processes
         avoid that wait the same way (SGLang's scheduler polls its sockets without blocking
-        while it has work; vLLM's shared-memory queue spins before it sleeps)."""
+        while it has work; vLLM's shared-memory queue spins before it sleeps). With `warm` (an
+        `execute_batch`: the runtime computes for milliseconds), it runs `_warm` every
+        `WARM_EVERY_S` meanwhile, once a decode step has crossed in its layouts."""
         if self.spin_s:
-            deadline = time.perf_counter() + self.spin_s
-            while time.perf_counter() < deadline:
+            now = time.perf_counter()
+            deadline, due = now + self.spin_s, now
+            warming = warm and self._warm_completion is not None
+            while now < deadline:
                 ready = self._poller.poll(0)
                 if ready:
                     return ready
+                if warming and now >= due:
+                    self._warm()
+                    due = time.perf_counter() + WARM_EVERY_S
+                now = time.perf_counter()
         return self._poller.poll(None if timeout_s is None else timeout_s * 1000)
+
+    def _warm(self) -> None:
+        """Run control's part of a decode step's messages on the last step's bytes, throwing the values away.
+
+        After a wait of milliseconds the code that runs next runs cold, two to four times slower
+        than back to back, and the GPU idles for it; run through once in the last 100 us before
+        the reply, it runs as fast as back to back (`benchmarks/diagnostics/afterspin.py`, figures
+        in docs/process-runtime.md). The calls are pure (a laid-out message holds no request
+        handle, so no handle table changes) and their values are dropped at once."""
+        completion, requests = self._warm_completion  # type: ignore[misc]
+        wire.completion_of_plan(wire.loads_reply(completion)[1], requests)
+        if self._warm_handle is not None:
+            wire.loads_reply(self._warm_handle)
+        wire.dumps_request(wire.PREPARE_AGAIN, ((),), {}, 1)
 
     def _died(self, operation: str) -> RuntimeFault:
         """RuntimeLost: the runtime process ended; reap it and say so."""

@@ -308,6 +308,7 @@ _EXECUTE = struct.Struct("=BIqqH")  # tag, unsent polls, the handle's epoch, bat
 _HANDLE = struct.Struct("=BqqH")  # tag, epoch, batch id, runtime id's length (then its bytes)
 _COMPLETION = struct.Struct("=B?qqHI")  # tag, quiet, epoch, batch id, runtime id's length, items (then the id, token counts, next tokens)
 _INT64 = range(-(2**63), 2**63)
+_TAGS = frozenset((_TAG_AGAIN, _TAG_EXECUTE, _TAG_HANDLE, _TAG_COMPLETION))
 
 
 def _batch_fields(batch: Any) -> tuple[bytes, int, int] | None:
@@ -332,6 +333,11 @@ def _int64s(values: list[Any]) -> bytes | None:
         return array("q", values).tobytes()
     except OverflowError:
         return None
+
+
+def laid_out(data: bytes) -> bool:
+    """Whether `data` is a message in one of a decode step's layouts (not a pickle)."""
+    return data[0] in _TAGS
 
 
 def dumps_request(operation: str, args: tuple[Any, ...], kwargs: dict[str, Any], unsent_polls: int) -> bytes:

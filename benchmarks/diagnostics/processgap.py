@@ -14,6 +14,8 @@ process can be subtracted. Printed per configuration, the mean microseconds per 
   runtime process (s); c.send, c.recv, s.send, s.recv: writing and reading a message
   (`link.py`); c.c_of_plan, s.c_on_plan, c.immutable_items: the short forms' rebuilding,
   taking apart and check (`wire.py`); <op> gc: the collector's pauses inside the call, in either process;
+  execute c.warm: the client's warm-ups while it waits (`client.py`, `_warm`), beside the
+  runtime process's work and so, like gc, not a part;
 - <op> rest: the call less all of the above but gc: each side noticing the other's message,
   the socket's crossing, and each side's code around the parts;
 - pre-fwd: execute's start to the runner's forward call; fwd-call: the forward call's host time
@@ -184,6 +186,23 @@ def sleeping_client(base: Any, margin_us: float) -> Any:
     return SleepingExecute
 
 
+def stamp_warming(rt: Any, stamps: list[tuple[str, int, int]], client_module: Any, wire: Any) -> None:
+    """Stamp the client's warm-ups (`client.py`, `_warm`) as `c.warm`, their own calls unstamped:
+    they run while the runtime process computes, not on the step's path."""
+    warm, stamped = rt._warm, client_module.wire
+
+    def call() -> None:
+        client_module.wire = wire
+        t = time.perf_counter_ns()
+        try:
+            warm()
+        finally:
+            stamps.append(("c.warm", t, time.perf_counter_ns()))
+            client_module.wire = stamped
+
+    rt._warm = call
+
+
 def machine() -> str:
     """What decides a sleeping thread's wake-up: CPUs, governor, idle states and their exit latencies."""
     import torch
@@ -250,7 +269,7 @@ def split(control: list[tuple[str, int, int]], stamps: list[tuple[str, int, int]
                 continue
             key = "op" if kind == name else "replayed poll" if kind == "poll_completions" else kind
             add(f"{short} {key}", s1 - s0)
-            parts += 0 if kind == "gc" else s1 - s0
+            parts += 0 if kind in ("gc", "c.warm") else s1 - s0
         add(f"{short} rest", end - start - parts)
         if name == "execute_batch":
             ops = [s for s in stamps if s[0] == name and start <= s[1] and s[2] <= end]
@@ -326,6 +345,7 @@ def main() -> None:
                 spin = float(label.split()[2])
                 kind = ProcessGPURuntime if "sleep" not in label else sleeping_client(ProcessGPURuntime, float(label.split()[-1]))
                 rt = kind(FACTORY, spin_us=spin, stamps_path=path, in_runtime_process=True, **options)
+                stamp_warming(rt, mine, client_module, wire)
                 run_steps(rt, batch, args.context, args.warmup, args.steps, control, args.steady_gc)
                 rt.close()
                 client_module.wire = wire  # type: ignore[attr-defined]

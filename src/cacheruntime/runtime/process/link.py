@@ -9,9 +9,8 @@ Why not `multiprocessing.connection` (the first framing, the same length prefix)
 `BytesIO`, and its `send_bytes` copies header and body together first, in Python, on every
 message, four messages a decode step. Here a message is written with one `sendmsg` of the
 two buffers and read with one `recv_into` a buffer kept for the connection, a second read
-only for a message longer than it. On the development machine a round trip of a 200-byte
-message between two busy-polling processes took 13-19 us through `Connection` and 7-9
-through this, against a floor of 7-8 for raw reads and writes (docs/process-runtime.md).
+only for a message longer than it: a quarter less time a round trip between two busy-polling
+processes (`benchmarks/diagnostics/processrtt.py`, figures in docs/process-runtime.md).
 """
 
 from __future__ import annotations

@@ -291,11 +291,11 @@ _DISPATCH.update({BatchPlan: _reduce_plan, BatchCompletion: _reduce_completion, 
 
 # -- a decode step's messages, in fixed layouts ------------------------------------------
 #
-# A decode step's four messages are pickled in 2-5 us each on a warm core, but they run right
-# after the wait for the other process, on a core whose caches that wait has emptied, and there
-# pickle's path took 8-27 us each on the H200 host (`processgap`, docs/benchmarks.md). So the
-# short forms of a step cross in fixed binary layouts (`struct`, `array`), one tag byte first
-# (a pickle starts with its protocol's opcode, 0x80, never with a tag): a `PREPARE_AGAIN` with
+# A decode step's four messages are coded right after the wait for the other process, when
+# the code runs cold (the client's `_warm` says more), and there pickle's general path costs
+# about a quarter more than a fixed layout (`benchmarks/diagnostics/afterspin.py`, figures in
+# docs/process-runtime.md). So the short forms of a step cross in fixed binary layouts
+# (`struct`, `array`), one tag byte first (a pickle starts with its protocol's opcode, 0x80, never with a tag): a `PREPARE_AGAIN` with
 # no intents, an `execute_batch` of a batch handle, `prepare_batch`'s handle reply and an
 # `ON_PLAN` completion with nothing published and no tickets. Each is taken only when its
 # values have exactly the types the layout holds (str, int in 64 bits, bool), so what arrives

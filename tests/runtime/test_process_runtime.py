@@ -296,18 +296,23 @@ def test_a_link_carries_whole_messages_of_any_size_and_says_when_its_peer_closed
 
 
 def test_a_handle_arrives_as_the_receiving_process_s_own_object_of_its_value_and_types():
+    # `received`: a plan's bytes as another process sent them (made first, so that what this process
+    # sends next decides which object of the value it holds)
+    received = wire.dumps((wire.OK, BatchPlan((BatchItem(RequestRuntimeHandle("own", 0, 4, 2), (), (), True),))))
     sent = RequestRuntimeHandle("own", 0, 4, 2)
     wire.dumps((wire.OK, sent))  # sent once: remembered here
-    plan = BatchPlan((BatchItem(RequestRuntimeHandle("own", 0, 4, 2), (), (), True),))
-    assert wire.loads(wire.dumps((wire.OK, plan)))[1].items[0].request is sent
+    assert wire.loads(received)[1].items[0].request is sent
     odd = BatchPlan((BatchItem(RequestRuntimeHandle("own", True, 4, 2.0)),))  # equal as a key, other types
     back = wire.loads(wire.dumps((wire.OK, odd)))[1].items[0].request
     assert back is not sent and (type(back.epoch), type(back.generation)) == (bool, float)
-    assert wire.loads(wire.dumps((wire.OK, plan)))[1].items[0].request is sent  # the odd one was not remembered
+    assert wire.loads(received)[1].items[0].request is sent  # the odd one was not remembered
+    in_a_plan = RequestRuntimeHandle("own", 0, 4, 2)
+    wire.dumps((wire.OK, BatchPlan((BatchItem(in_a_plan, (1,)),))))  # a plan's handles sent as columns: remembered too
+    assert wire.loads(received)[1].items[0].request is in_a_plan
     newer = RequestRuntimeHandle("own", 0, 4, 3)
     assert wire.loads(wire.dumps((wire.OK, newer)))[1] is newer  # the slot's next generation replaces it
-    again = wire.loads(wire.dumps((wire.OK, plan)))[1].items[0].request
-    assert again == sent and again is not sent
+    again = wire.loads(received)[1].items[0].request
+    assert again == sent and again is not sent and again is not in_a_plan
 
 
 def test_a_runtime_process_that_never_serves_is_a_typed_error_and_is_killed():
@@ -415,14 +420,67 @@ def test_a_plan_prepared_again_crosses_short_and_everything_is_as_in_process():
         assert (process.short["prepare_batch"], process.short["execute_batch"]) == (7, 8)
 
 
-def test_a_spinning_client_warms_a_decode_step_s_code_while_it_waits_and_changes_nothing():
+def test_a_spinning_client_warms_a_decode_step_s_code_while_it_waits_and_changes_nothing(monkeypatch):
+    from cacheruntime.runtime.process import client as client_module
+
+    monkeypatch.setattr(client_module, "WARM_ITEMS", 2)  # the decode set has 3 items: its sample is cut
     with in_process_and_across(spin_us=20_000) as (local, process):
-        warmed = []
+        sizes = []
         warm = process._warm
-        process._warm = lambda: warmed.append(warm())  # type: ignore[method-assign]
+
+        def counted():
+            warm()
+            sizes.append(len(process._warm_completion[1]))
+
+        process._warm = counted  # type: ignore[method-assign]
         assert _repeated_plans(process) == _repeated_plans(local)
-        assert warmed  # while waiting for a short completion after the first
+        assert sizes and set(sizes) <= {2}  # warmed while waiting for a short completion after the first, cut to 2
         assert (process.short["prepare_batch"], process.short["execute_batch"]) == (7, 8)
+        assert process._warm_completion is None  # the restart dropped the old epoch's bytes
+
+
+def test_a_warm_up_that_raises_leaves_the_call_to_its_outcome():
+    with in_process_and_across(spin_us=20_000) as (local, process):
+        plans = []
+        for rt in (local, process):
+            requests = [rt.open_request() for _ in range(2)]
+            plans.append(BatchPlan(tuple(BatchItem(r, append_previous_output=True) for r in requests)))
+            rt.execute_batch(rt.prepare_batch(BatchPlan(tuple(BatchItem(r, (1, 2)) for r in requests))))
+        for _ in range(2):
+            assert process.execute_batch(process.prepare_batch(plans[1])) == local.execute_batch(local.prepare_batch(plans[0]))
+        process._warm_completion = (b"C but not a completion", [])  # what no reply can leave: the warm-up raises
+        assert process.execute_batch(process.prepare_batch(plans[1])) == local.execute_batch(local.prepare_batch(plans[0]))
+        assert process.probe() == local.probe() and process.lost_cause == ""
+
+
+def test_a_completion_of_a_plan_sent_whole_carries_the_handles_control_put_in_it():
+    """A plan that crosses whole (a list of ids) after an equal copy of its handle, or a stale handle
+    of its slot, crossed: control gets back the plan's own handle objects, as in-process."""
+    with in_process_and_across() as (local, process):
+        for rt in (local, process):
+            request = rt.open_request()
+            rt.execute_batch(rt.prepare_batch(BatchPlan([BatchItem(copy.copy(request), (1, 2))])))  # a copy crossed
+            done = rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(request, [3]),))))
+            assert done.items[0].request is request
+            with pytest.raises(StaleHandle):
+                rt.close_request(RequestRuntimeHandle("local", request.epoch, request.slot_id, request.generation - 1))
+            done = rt.execute_batch(rt.prepare_batch(BatchPlan((BatchItem(request, [4]),))))
+            assert done.items[0].request is request
+
+
+def test_the_runtime_process_closes_its_runtime_when_control_dies_with_a_reply_unread():
+    from pathlib import Path as _Path
+
+    client = ProcessGPURuntime("cacheruntime.runtime.factories:conformance")
+    process = client._process
+    client._link.send(wire.dumps_request("probe", (), {}, 0))  # its reply is never read
+    time.sleep(0.2)
+    client._link.close()  # as a dying control process closes it: the runtime process's next read is ECONNRESET
+    client._link = None
+    process.join(timeout=10)
+    assert process.exitcode == 0  # through `close`, not an error exit
+    assert not list(_Path(client._directory).glob("start-error-*"))
+    client.close()
 
 
 class _PlainPlan(BatchPlan):

@@ -93,6 +93,9 @@ from cacheruntime.runtime.process.link import Link
 
 #: How often a client waiting for an `execute_batch` runs a decode step's code on old bytes (`_warm`).
 WARM_EVERY_S = 100e-6
+#: The items of the completion `_warm` decodes: the code is the same for any batch, and a reply
+#: that lands during a warm-up waits for it, so a warm-up's length must not grow with the batch.
+WARM_ITEMS = 16
 #: Imported by the fork server once, so every runtime process starts with them loaded.
 PRELOAD = ["cacheruntime.runtime.process.server"]
 
@@ -226,6 +229,7 @@ class ProcessGPURuntime:
         self.lost_cause = cause
         self._quiet, self._unsent_polls = False, 0  # polls of a lost epoch: nothing can count them now
         self._accepted = self._accepted_requests = None  # a new process remembers no plan
+        self._warm_completion = self._warm_handle = None
         if self._link is not None:
             self._link.close()
             self._link = None
@@ -293,7 +297,9 @@ class ProcessGPURuntime:
         avoid that wait the same way (SGLang's scheduler polls its sockets without blocking
         while it has work; vLLM's shared-memory queue spins before it sleeps). With `warm` (an
         `execute_batch`: the runtime computes for milliseconds), it runs `_warm` every
-        `WARM_EVERY_S` meanwhile, once a decode step has crossed in its layouts."""
+        `WARM_EVERY_S` meanwhile, once a decode step has crossed in its layouts. A warm-up is
+        best effort: one that raises (it cannot on bytes its own side decoded before) ends the
+        warming for this wait and leaves the call to its outcome."""
         if self.spin_s:
             now = time.perf_counter()
             deadline, due = now + self.spin_s, now
@@ -303,7 +309,10 @@ class ProcessGPURuntime:
                 if ready:
                     return ready
                 if warming and now >= due:
-                    self._warm()
+                    try:
+                        self._warm()
+                    except Exception:
+                        warming = False
                     due = time.perf_counter() + WARM_EVERY_S
                 now = time.perf_counter()
         return self._poller.poll(None if timeout_s is None else timeout_s * 1000)
@@ -312,11 +321,18 @@ class ProcessGPURuntime:
         """Run control's part of a decode step's messages on the last step's bytes, throwing the values away.
 
         After a wait of milliseconds the code that runs next runs cold, two to four times slower
-        than back to back, and the GPU idles for it; run through once in the last 100 us before
-        the reply, it runs as fast as back to back (`benchmarks/diagnostics/afterspin.py`, figures
-        in docs/process-runtime.md). The calls are pure (a laid-out message holds no request
-        handle, so no handle table changes) and their values are dropped at once."""
+        than back to back, and the GPU idles for it; run through every 100 us of the wait, so
+        once at most 100 us (and a warm-up) before the reply, it runs as fast as back to back
+        (`benchmarks/diagnostics/afterspin.py`, figures in docs/process-runtime.md). The calls
+        are pure (a laid-out message holds no request handle, so no handle table changes) and
+        their values are dropped at once. A completion of more than `WARM_ITEMS` items is cut to
+        that many once, on the first warm-up of a wait, and the cut one kept."""
         completion, requests = self._warm_completion  # type: ignore[misc]
+        if len(requests) > WARM_ITEMS:
+            batch, counts, tokens, published, tickets = wire.loads_reply(completion)[1]
+            cut = [batch, counts[:WARM_ITEMS], tokens[:WARM_ITEMS], published, tickets]
+            completion, requests = wire.dumps_reply((wire.ON_PLAN, cut, True)), requests[:WARM_ITEMS]
+            self._warm_completion = (completion, requests)
         wire.completion_of_plan(wire.loads_reply(completion)[1], requests)
         if self._warm_handle is not None:
             wire.loads_reply(self._warm_handle)
@@ -413,6 +429,7 @@ class ProcessGPURuntime:
         """A live runtime restarts in place; a lost one (or one whose restart fails) is replaced by a new
         process at one past the last epoch control saw. Every old handle is stale either way."""
         with self._lock:
+            self._warm_completion = self._warm_handle = None  # an old epoch's bytes: nothing to keep them for
             if self._link is not None:
                 try:
                     self._info = self._call("restart")

@@ -24,7 +24,8 @@ BUFFER_BYTES = 1 << 16
 
 
 class Link:
-    """A connected stream socket carrying whole messages; `EOFError` once the other end has closed."""
+    """A connected stream socket carrying whole messages; `EOFError` once the other end has closed
+    (or `ConnectionResetError`, an `OSError`, when it closed with a message of ours unread)."""
 
     def __init__(self, sock: socket.socket):
         sock.setblocking(True)

@@ -123,7 +123,7 @@ def serve(endpoint: str, factory: str, options: dict[str, Any], epoch: int, gene
             except Exception as error:
                 reply = wire.error_reply(error)
             link.send(wire.dumps_reply(reply))
-    except EOFError:  # the client closed its end: nobody is left to serve
+    except (EOFError, OSError):  # the client's end closed (ECONNRESET if it died with a reply unread): nobody is left to serve
         runtime.close()
     finally:
         link.close()

@@ -202,6 +202,19 @@ def _columnar(items: Any, cls: type) -> list[Any] | None:
     return [_columns(RequestRuntimeHandle, columns[0]), *columns[1:]]
 
 
+def _remember_sent(handles: Sequence[RequestRuntimeHandle], columns: Sequence[Sequence[Any]]) -> None:
+    """Remember the handles a plan sends as columns, as `_reduce_handle` remembers one sent alone:
+    its completion, which comes back with their values, then arrives with these very objects
+    (control gets back the handles it put in its plan, not an equal one it sent before)."""
+    if not (_exactly(str, columns[0]) and _exactly(int, columns[1]) and _exactly(int, columns[2]) and _exactly(int, columns[3])):
+        return
+    keys = list(zip(*columns, strict=True))
+    if any(map(operator.is_not, map(_HANDLES.get, keys), handles)):
+        for key, handle in zip(keys, handles):
+            if _HANDLES.get(key) is not handle:
+                _remember(key, handle)
+
+
 def _items(cls: type, columns: list[Any]) -> tuple[Any, ...]:
     return _records(cls, [_handles(columns[0]), *columns[1:]])
 
@@ -274,6 +287,7 @@ def _reduce_plan(plan: BatchPlan) -> tuple[Any, ...]:
     columns = _columnar(plan.items, BatchItem)
     if columns is None:
         return (BatchPlan, (plan.items, plan.intents))
+    _remember_sent(list(map(_request_of, plan.items)), columns[0])
     return (plan_of_columns, (columns, plan.intents))
 
 
@@ -342,7 +356,7 @@ def laid_out(data: bytes) -> bool:
 
 def dumps_request(operation: str, args: tuple[Any, ...], kwargs: dict[str, Any], unsent_polls: int) -> bytes:
     """A request: a short prepare without intents or an `execute_batch` in its layout, any other pickled."""
-    if not kwargs and unsent_polls in range(2**32):
+    if not kwargs and type(unsent_polls) is int and unsent_polls in range(2**32):
         if operation == PREPARE_AGAIN and len(args) == 1 and type(args[0]) is tuple and not args[0]:
             return _AGAIN.pack(_TAG_AGAIN, unsent_polls)
         if operation == "execute_batch" and len(args) == 1 and (fields := _batch_fields(args[0])) is not None:

@@ -28,13 +28,14 @@ the last immutable plan the runtime accepted crosses as its intents alone, and a
 Transport: one Unix stream socket in a private directory (the runtime process connects to
 the client's), each message its length and then its bytes (`link.py`, which says why not
 `multiprocessing.connection`'s framing), request and reply in strict turn. Its descriptor is
-polled together with the process's exit sentinel (below). ZeroMQ (REQ/REP over `ipc://`, what SGLang runs between its processes)
-was the first transport: its I/O threads put two thread hand-offs each way into every call,
-so one round trip cost 70-130 us on the H200 host (docs/benchmarks.md, `processsplit`): three
-a step were more than the ITL target's whole margin (3% of a 6.5 ms step, 195 us). On the
-development machine a ZeroMQ round trip of a 200-byte message took 66-156 us and the same
-over a plain Unix socket 25-37 us (both processes woken the same way), and the `process`
-bench's round-trip row went from 165-190 us to 77-98 us. It needs no package either.
+polled together with the process's exit sentinel (below). ZeroMQ (REQ/REP over `ipc://`,
+what SGLang runs between its processes) was the first transport: its I/O threads put two
+thread hand-offs each way into every call, so one round trip cost 70-130 us on the H200 host
+(docs/benchmarks.md, `processsplit`): three a step were more than the ITL target's whole
+margin (3% of a 6.5 ms step, 195 us). On the development machine a ZeroMQ round trip of a
+200-byte message took 66-156 us and the same over a plain Unix socket 25-37 us (both
+processes woken the same way), and the `process` bench's round-trip row went from 165-190 us
+to 77-98 us. It needs no package either.
 Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, a
 decode step's plan and completion as columns; chosen by measurement: docs/process-runtime.md).
 

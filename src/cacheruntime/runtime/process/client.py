@@ -32,10 +32,7 @@ polled together with the process's exit sentinel (below). ZeroMQ (REQ/REP over `
 what SGLang runs between its processes) was the first transport: its I/O threads put two
 thread hand-offs each way into every call, so one round trip cost 70-130 us on the H200 host
 (docs/benchmarks.md, `processsplit`): three a step were more than the ITL target's whole
-margin (3% of a 6.5 ms step, 195 us). On the development machine a ZeroMQ round trip of a
-200-byte message took 66-156 us and the same over a plain Unix socket 25-37 us (both
-processes woken the same way), and the `process` bench's round-trip row went from 165-190 us
-to 77-98 us. It needs no package either.
+margin (3% of a 6.5 ms step, 195 us). It needs no package either.
 Serialization: `wire.py` (pickle with a dispatch table of the records' constructors, a
 decode step's plan and completion as columns; chosen by measurement: docs/process-runtime.md).
 
@@ -92,11 +89,8 @@ from cacheruntime.protocol import (
 from cacheruntime.runtime.process import wire
 from cacheruntime.runtime.process.link import Link
 
-#: How often a client waiting for an `execute_batch` runs a decode step's code on old bytes (`_warm`).
-WARM_EVERY_S = 100e-6
-#: The items of the completion `_warm` decodes: the code is the same for any batch, and a reply
-#: that lands during a warm-up waits for it, so a warm-up's length must not grow with the batch.
-WARM_ITEMS = 16
+#: How often a client waiting for an `execute_batch` warms a step's code, on at most how many items (`_warm`).
+WARM_EVERY_S, WARM_ITEMS = 100e-6, 16
 #: Imported by the fork server once, so every runtime process starts with them loaded.
 PRELOAD = ["cacheruntime.runtime.process.server"]
 
@@ -137,8 +131,7 @@ class ProcessGPURuntime:
         self._accepted: tuple[BatchItem, ...] | None = None
         self._accepted_requests: list[RequestRuntimeHandle] | None = None
         self._unsent_polls = 0  # polls answered here since the last message: the next one carries them
-        #: The last decode step's laid-out completion (with the handles it was rebuilt around) and
-        #: prepare reply: `_warm` runs control's part of a step on them while the next one computes.
+        #: The last step's laid-out completion (with the handles it was rebuilt around) and prepare reply (`_warm`).
         self._warm_completion: tuple[bytes, list[RequestRuntimeHandle]] | None = None
         self._warm_handle: bytes | None = None
         self.lost_cause = ""  # why the runtime process is gone; "" while it serves
@@ -297,10 +290,8 @@ class ProcessGPURuntime:
         on a core that may have gone into a deep idle state, and a serving engine's processes
         avoid that wait the same way (SGLang's scheduler polls its sockets without blocking
         while it has work; vLLM's shared-memory queue spins before it sleeps). With `warm` (an
-        `execute_batch`: the runtime computes for milliseconds), it runs `_warm` every
-        `WARM_EVERY_S` meanwhile, once a decode step has crossed in its layouts. A warm-up is
-        best effort: one that raises (it cannot on bytes its own side decoded before) ends the
-        warming for this wait and leaves the call to its outcome."""
+        `execute_batch`), it runs `_warm` every `WARM_EVERY_S` meanwhile; a warm-up that raises
+        (it cannot on bytes its side decoded before) ends the warming, never the call."""
         if self.spin_s:
             now = time.perf_counter()
             deadline, due = now + self.spin_s, now
@@ -322,12 +313,10 @@ class ProcessGPURuntime:
         """Run control's part of a decode step's messages on the last step's bytes, throwing the values away.
 
         After a wait of milliseconds the code that runs next runs cold, two to four times slower
-        than back to back, and the GPU idles for it; run through every 100 us of the wait, so
-        once at most 100 us (and a warm-up) before the reply, it runs as fast as back to back
-        (`benchmarks/diagnostics/afterspin.py`, figures in docs/process-runtime.md). The calls
-        are pure (a laid-out message holds no request handle, so no handle table changes) and
-        their values are dropped at once. A completion of more than `WARM_ITEMS` items is cut to
-        that many once, on the first warm-up of a wait, and the cut one kept."""
+        than back to back, while the GPU idles; run every 100 us of the wait, it runs as fast as
+        back to back (`benchmarks/diagnostics/afterspin.py`, docs/process-runtime.md). The calls
+        are pure (a laid-out message holds no request handle: no handle table changes). A reply
+        landing mid-warm-up waits for it, so a larger completion is cut to `WARM_ITEMS` items once."""
         completion, requests = self._warm_completion  # type: ignore[misc]
         if len(requests) > WARM_ITEMS:
             batch, counts, tokens, published, tickets = wire.loads_reply(completion)[1]

@@ -306,15 +306,12 @@ _DISPATCH.update({BatchPlan: _reduce_plan, BatchCompletion: _reduce_completion, 
 # -- a decode step's messages, in fixed layouts ------------------------------------------
 #
 # A decode step's four messages are coded right after the wait for the other process, when
-# the code runs cold (the client's `_warm` says more), and there pickle's general path costs
-# about a quarter more than a fixed layout (`benchmarks/diagnostics/afterspin.py`, figures
-# in docs/process-runtime.md). So the short forms of a step cross in fixed binary layouts
-# (`struct`, `array`), one tag byte first (a pickle starts with its protocol's opcode, 0x80,
-# never with a tag): a `PREPARE_AGAIN` with no intents, an `execute_batch` of a batch
-# handle, `prepare_batch`'s handle reply and an `ON_PLAN` completion with nothing published
-# and no tickets. Each is taken only when its values have exactly the types the layout holds
-# (str, int in 64 bits, bool), so what arrives is equal to what was sent and of the same
-# types; any other message is pickled as before.
+# the code runs cold (the client's `_warm`), and there pickle's general path costs about a
+# quarter more than a fixed layout (`benchmarks/diagnostics/afterspin.py`). So a short
+# prepare without intents, an `execute_batch`, prepare's handle reply and a short completion
+# with nothing published and no tickets cross as a tag byte (a pickle opens with 0x80) and
+# `struct`/`array` fields, each only when its values have exactly the layout's types (str,
+# int in 64 bits, bool): what arrives equals what was sent, types and all. Else: pickle.
 
 PreparedBatchHandle = protocol.PreparedBatchHandle
 _TAG_AGAIN, _TAG_EXECUTE, _TAG_HANDLE, _TAG_COMPLETION = b"A"[0], b"E"[0], b"H"[0], b"C"[0]
@@ -351,8 +348,7 @@ def _int64s(values: list[Any]) -> bytes | None:
 
 
 def laid_out(data: bytes) -> bool:
-    """Whether `data` is a message in one of a decode step's layouts (not a pickle)."""
-    return data[0] in _TAGS
+    return data[0] in _TAGS  # one of a decode step's layouts, not a pickle
 
 
 def dumps_request(operation: str, args: tuple[Any, ...], kwargs: dict[str, Any], unsent_polls: int) -> bytes:
